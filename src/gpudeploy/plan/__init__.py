@@ -1,0 +1,1 @@
+"""Pure planning: inventory + roles -> units. Imports nothing that touches the network."""
