@@ -1,0 +1,303 @@
+"""Inventory and role files (YAML) -> ``model.Inventory``, reporting every problem at once.
+
+Inventory shape (see ``inventory/hosts.yml`` for a commented example)::
+
+    deployment: pd                 # unit names: gpudeploy-<deployment>-<role>.service
+    roles_dir: ../roles            # relative to the inventory file
+    defaults: {ssh: {...}, gpu_memory_gib: 96, engine_versions: {sglang: "0.5.23"}, python: ..., env: {...}}
+    hosts:
+      node171:
+        address: 10.0.0.171
+        numa_nodes: [{id: 0, gpus: [0, 1, 2, 3], cpus: "0-31"}, ...]
+        roles: [prefill, {role: decode, numa_node: 1}, router]
+
+Anything under ``defaults`` may be given per host too; the host's value wins.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from .errors import InputError, Problem
+from .model import ENGINES, Health, Host, Inventory, NumaNode, PlacementRequest, Role, SshConfig, Where
+from .yamlsrc import Checker, LineMap, load_yaml
+
+HOST_KEYS = {"address", "ssh", "numa_nodes", "gpu_memory_gib", "engine_versions", "python",
+             "bind_address", "numa_policy", "env", "roles"}
+NUMA_POLICIES = ("bind", "preferred", "interleave", "none")
+DEFAULT_KEYS = HOST_KEYS - {"address", "numa_nodes", "roles"}
+ROLE_KEYS = {"engine", "description", "tp_size", "gpus", "allow_span_numa", "version", "model",
+             "settings", "extra_args", "argv", "ports", "upstreams", "env", "secret_env", "health",
+             "stop_timeout_s"}
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,40}$")
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+CPU_LIST_RE = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*$")
+
+
+def load_inventory(path: str | Path, problems: list[Problem] | None = None) -> Inventory:
+    """Parse the inventory and every role it places.
+
+    Without ``problems`` any problem raises InputError. With a list, problems are appended and the
+    usable part is returned, so the planner can add its own findings and report everything at once.
+    """
+    path = Path(path)
+    collect = problems is not None
+    problems = problems if problems is not None else []
+    before = len(problems)
+    data = load_yaml(path, problems)
+    if len(problems) > before:
+        raise InputError(problems)
+    top = Checker(data, problems, str(path))
+    top.unknown_keys({"deployment", "roles_dir", "templates_dir", "defaults", "hosts"})
+    deployment = top.get("deployment", str, default="default",
+                         check=lambda v: None if NAME_RE.match(v) else "use lowercase letters, digits, - or _")
+    roles_dir = path.parent / top.get("roles_dir", str, default="../roles")
+    templates_dir = Path(os.path.normpath(path.parent / top.get("templates_dir", str, default="../templates")))
+    defaults = top.child("defaults")
+    defaults.unknown_keys(DEFAULT_KEYS)
+
+    hosts_raw = top.get("hosts", dict, required=True, default={})
+    hosts: dict[str, Host] = {}
+    for name, raw in hosts_raw.items():
+        host = _host(str(name), raw, defaults, problems, str(path), hosts_raw)
+        if host is not None:
+            hosts[host.name] = host
+
+    roles: dict[str, Role] = {}
+    wanted = {p.role: p for h in hosts.values() for p in h.placements}
+    for role_name, request in wanted.items():
+        role_file = Path(os.path.normpath(roles_dir / f"{role_name}.yml"))
+        if not role_file.exists():
+            known = sorted(p.stem for p in roles_dir.glob("*.yml")) if roles_dir.is_dir() else []
+            owner = next(h.name for h in hosts.values() if request in h.placements)
+            problems.append(Problem(
+                f"unknown role {role_name!r}: no {role_file} (known roles: {', '.join(known) or 'none'})",
+                file=request.where.file if request.where else str(path),
+                line=request.where.line if request.where else None, host=owner, role=role_name,
+                key="roles"))
+            continue
+        role = load_role(role_file, problems)
+        if role is not None:
+            roles[role.name] = role
+    if problems and not collect:
+        raise InputError(problems)
+    return Inventory(path=str(path), deployment=deployment, hosts=hosts, roles=roles,
+                     templates_dir=str(templates_dir))
+
+
+def _host(name: str, raw: Any, defaults: Checker, problems: list[Problem], file: str,
+          parent: Any) -> Host | None:
+    line = parent.line_of(name) if isinstance(parent, LineMap) else None
+    if not NAME_RE.match(name):
+        problems.append(Problem("host names use lowercase letters, digits, - or _", file=file,
+                                line=line, host=name))
+    c = Checker(raw, problems, file, host=name)
+    c.unknown_keys(HOST_KEYS)
+
+    def pick(key: str, kind: Any, default: Any) -> Any:
+        if key in c.data:
+            return c.get(key, kind, default=default)
+        return defaults.get(key, kind, default=default)
+
+    address = c.get("address", str, required=True, default=name)
+    ssh_c = c.child("ssh") if "ssh" in c.data else defaults.child("ssh")
+    ssh_c.unknown_keys({"user", "port", "key", "known_hosts", "connect_timeout_s"})
+    if "ssh" in c.data and "ssh" in defaults.data:
+        # Host ssh settings override the defaults key by key.
+        merged = {**defaults.data["ssh"], **c.data["ssh"]}
+        ssh_c = Checker(merged, problems, file, host=name, prefix="ssh.")
+    ssh = SshConfig(
+        user=ssh_c.get("user", str, default="root"),
+        port=ssh_c.get("port", int, default=22, check=_port_check),
+        key=_expand(ssh_c.get("key", str), Path(file).parent),
+        known_hosts=_expand(ssh_c.get("known_hosts", str), Path(file).parent),
+        connect_timeout_s=ssh_c.get("connect_timeout_s", float, default=5.0),
+    )
+
+    numa_raw = c.get("numa_nodes", list, required=True, default=[])
+    nodes: list[NumaNode] = []
+    seen_gpu: dict[int, int] = {}
+    for i, item in enumerate(numa_raw):
+        nc = Checker(item, problems, file, host=name, prefix=f"numa_nodes[{i}].")
+        nid = nc.get("id", int, default=i)
+        gpus = nc.get("gpus", list, required=True, default=[])
+        cpus = nc.get("cpus", (str, int), required=True, default="")
+        cpus = str(cpus)
+        if cpus and not CPU_LIST_RE.match(cpus.replace(" ", "")):
+            nc.fail(f"CPU list {cpus!r} is not like '0-31' or '0-15,64-79'", "cpus")
+        good: list[int] = []
+        for g in gpus:
+            if not isinstance(g, int) or isinstance(g, bool) or g < 0:
+                nc.fail(f"GPU index must be a non-negative integer, got {g!r}", "gpus")
+                continue
+            if g in seen_gpu:
+                nc.fail(f"GPU {g} is listed on NUMA node {seen_gpu[g]} and on NUMA node {nid}", "gpus")
+                continue
+            seen_gpu[g] = nid
+            good.append(g)
+        if any(n.id == nid for n in nodes):
+            nc.fail(f"NUMA node id {nid} appears twice", "id")
+        nodes.append(NumaNode(id=nid, gpus=tuple(good), cpus=cpus.replace(" ", "")))
+
+    mem = pick("gpu_memory_gib", (float, dict), None)
+    gpu_mem: dict[int, float] = {}
+    if mem is None:
+        if seen_gpu:
+            c.fail("required key is missing (GPU memory in GiB, per host or per GPU)", "gpu_memory_gib",
+                   line=c.line)
+    elif isinstance(mem, dict):
+        for g in seen_gpu:
+            v = mem.get(g)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0:
+                c.fail(f"no positive memory size for GPU {g}", "gpu_memory_gib")
+            else:
+                gpu_mem[g] = float(v)
+    else:
+        if mem <= 0:
+            c.fail("must be positive", "gpu_memory_gib")
+        gpu_mem = {g: float(mem) for g in seen_gpu}
+
+    versions = {**(defaults.get("engine_versions", dict, default={}) or {}),
+                **(c.get("engine_versions", dict, default={}) or {})}
+    versions = {str(k): str(v) for k, v in versions.items()}
+    env = {**(defaults.get("env", dict, default={}) or {}), **(c.get("env", dict, default={}) or {})}
+    env = _env(env, c, "env")
+
+    placements: list[PlacementRequest] = []
+    roles_list = c.get("roles", list, default=[])
+    roles_line = c.where("roles")
+    for item in roles_list:
+        item_line = getattr(item, "line", None) or roles_line
+        if isinstance(item, str):
+            placements.append(PlacementRequest(role=item, where=Where(file, item_line)))
+        elif isinstance(item, dict):
+            pc = Checker(item, problems, file, host=name, prefix="roles.")
+            pc.unknown_keys({"role", "numa_node", "gpus"})
+            role = pc.get("role", str, required=True, default="?")
+            gpus = pc.get("gpus", list)
+            placements.append(PlacementRequest(
+                role=role, numa_node=pc.get("numa_node", int),
+                gpus=tuple(gpus) if gpus is not None else None, where=Where(file, item_line)))
+        else:
+            c.fail(f"each entry is a role name or {{role: NAME, numa_node: N}}, got {item!r}", "roles")
+    seen_roles = [p.role for p in placements]
+    for r in set(seen_roles):
+        if seen_roles.count(r) > 1:
+            c.fail(f"role {r!r} is placed twice on this host (unit names would collide)", "roles")
+
+    return Host(
+        name=name, address=address, ssh=ssh, numa_nodes=tuple(nodes), gpu_memory_gib=gpu_mem,
+        engine_versions=versions, python=pick("python", str, "/usr/bin/python3"),
+        bind_address=pick("bind_address", str, "0.0.0.0"),  # noqa: S104 - servers must be reachable
+        numa_policy=_numa_policy(pick("numa_policy", str, "bind"), c),
+        env=env, placements=tuple(placements), where=Where(file, line),
+    )
+
+
+def load_role(path: Path, problems: list[Problem]) -> Role | None:
+    """Parse one role file; problems are appended, None returned when it is unusable."""
+    before = len(problems)
+    data = load_yaml(path, problems)
+    if len(problems) > before:
+        return None
+    name = path.stem
+    c = Checker(data, problems, str(path), role=name)
+    c.unknown_keys(ROLE_KEYS)
+    engine = c.get("engine", str, required=True, default="command",
+                   check=lambda v: None if v in ENGINES else f"unknown engine {v!r} (one of {', '.join(ENGINES)})")
+    hc = c.child("health")
+    hc.unknown_keys({"path", "timeout_s", "interval_s"})
+    default_health = "/readiness" if engine == "sglang_router" else "/health"
+    health = Health(
+        path=hc.get("path", str, default=default_health,
+                    check=lambda v: None if v.startswith("/") else "must start with /"),
+        timeout_s=hc.get("timeout_s", float, default=1200.0, check=_positive),
+        interval_s=hc.get("interval_s", float, default=0.25, check=_positive),
+    )
+    ports_raw = c.get("ports", dict, default={}) or {}
+    ports: dict[str, int] = {}
+    for k, v in ports_raw.items():
+        if not isinstance(v, int) or isinstance(v, bool) or _port_check(v):
+            c.fail(f"port {k!r} must be an integer 1-65535, got {v!r}", "ports")
+        else:
+            ports[str(k)] = v
+    upstreams_raw = c.get("upstreams", dict, default={}) or {}
+    upstreams: dict[str, tuple[str, ...]] = {}
+    for k, v in upstreams_raw.items():
+        if k not in ("prefill", "decode", "workers"):
+            c.fail(f"unknown upstream kind {k!r} (prefill, decode or workers)", "upstreams")
+            continue
+        items = [v] if isinstance(v, str) else v
+        if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+            c.fail("expected a role name or a list of role names", f"upstreams.{k}")
+            continue
+        upstreams[str(k)] = tuple(items)
+    argv = c.get("argv", list, default=[]) or []
+    if engine == "command" and not argv:
+        c.fail("the command engine needs argv: the server's command line", "argv", line=c.line)
+    if engine != "command" and argv:
+        c.fail(f"argv is only for the command engine; engine {engine} builds its own", "argv")
+    extra = c.get("extra_args", list, default=[]) or []
+    secret_env = c.get("secret_env", list, default=[]) or []
+    for s in secret_env:
+        if not isinstance(s, str) or not ENV_NAME_RE.match(s):
+            c.fail(f"secret names are environment variable names, got {s!r}", "secret_env")
+    settings = c.get("settings", dict, default={}) or {}
+    model = c.get("model", dict, default={}) or {}
+    if engine == "sglang" and "path" not in model:
+        c.fail("required key is missing (the model directory on the host)", "model.path",
+               line=c.where("model"))
+    tp = c.get("tp_size", int, default=1, check=lambda v: None if v >= 1 else "must be >= 1")
+    gpus = c.get("gpus", int, check=lambda v: None if v >= 0 else "must be >= 0")
+    if len(problems) > before:
+        return None
+    lines = dict(data.key_lines) if isinstance(data, LineMap) else {}
+    return Role(
+        name=name, engine=engine, file=str(path), description=c.get("description", str, default=""),
+        tp_size=tp, gpus=gpus, allow_span_numa=c.get("allow_span_numa", bool, default=False),
+        version=str(c.data["version"]) if c.data.get("version") is not None else None,
+        model=dict(model), settings=dict(settings), extra_args=tuple(str(a) for a in extra),
+        argv=tuple(str(a) for a in argv), ports=ports, upstreams=upstreams,
+        env=_env(c.get("env", dict, default={}) or {}, c, "env"),
+        secret_env=tuple(str(s) for s in secret_env), health=health,
+        stop_timeout_s=c.get("stop_timeout_s", float, default=30.0, check=_positive), lines=lines,
+    )
+
+
+def _env(raw: dict[str, Any], c: Checker, key: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for k, v in raw.items():
+        if not ENV_NAME_RE.match(str(k)):
+            c.fail(f"{k!r} is not a valid environment variable name", key)
+        elif isinstance(v, (dict, list)) or v is None:
+            c.fail(f"value of {k} must be a string or number", key)
+        elif "\n" in str(v):
+            c.fail(f"value of {k} must be one line", key)
+        else:
+            out[str(k)] = str(v).lower() if isinstance(v, bool) else str(v)
+    return out
+
+
+def _numa_policy(value: str, c: Checker) -> str:
+    if value not in NUMA_POLICIES:
+        c.fail(f"numa_policy must be one of {', '.join(NUMA_POLICIES)}, got {value!r}", "numa_policy")
+        return "none"
+    return value
+
+
+def _expand(value: str | None, base: Path) -> str | None:
+    if value is None:
+        return None
+    p = Path(value).expanduser()
+    return str(p if p.is_absolute() else (base / p).resolve())
+
+
+def _port_check(v: int) -> str | None:
+    return None if 1 <= v <= 65535 else "must be 1-65535"
+
+
+def _positive(v: float) -> str | None:
+    return None if v > 0 else "must be positive"

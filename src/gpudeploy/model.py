@@ -1,0 +1,151 @@
+"""Values that flow one way: inventory -> plan -> apply -> verify. All frozen.
+
+A ``Host`` and a ``Role`` are the user's facts as parsed; a ``Unit`` is one systemd service the plan
+decided on (a role placed on a host, with GPUs, ports, argv and rendered files).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+ENGINES = ("sglang", "sglang_router", "command")
+
+
+@dataclass(frozen=True)
+class Where:
+    """Where a value came from, for error messages."""
+
+    file: str
+    line: int | None = None
+
+
+@dataclass(frozen=True)
+class NumaNode:
+    id: int
+    gpus: tuple[int, ...]
+    cpus: str  # systemd CPU list syntax, e.g. "0-31,64-95"
+
+
+@dataclass(frozen=True)
+class SshConfig:
+    user: str = "root"
+    port: int = 22
+    key: str | None = None
+    known_hosts: str | None = None
+    connect_timeout_s: float = 5.0
+
+
+@dataclass(frozen=True)
+class PlacementRequest:
+    """One entry of a host's ``roles:`` list."""
+
+    role: str
+    numa_node: int | None = None
+    gpus: tuple[int, ...] | None = None
+    where: Where | None = None
+
+
+@dataclass(frozen=True)
+class Host:
+    name: str
+    address: str
+    ssh: SshConfig
+    numa_nodes: tuple[NumaNode, ...]
+    gpu_memory_gib: dict[int, float]  # per GPU index
+    engine_versions: dict[str, str]  # engine -> release, e.g. {"sglang": "0.5.23"}
+    python: str
+    bind_address: str
+    numa_policy: str  # systemd NUMAPolicy= for GPU units: bind, preferred, interleave, or none
+    env: dict[str, str]
+    placements: tuple[PlacementRequest, ...]
+    where: Where | None = None
+
+    @property
+    def gpus(self) -> tuple[int, ...]:
+        return tuple(g for n in self.numa_nodes for g in n.gpus)
+
+    def numa_of(self, gpu: int) -> int:
+        for node in self.numa_nodes:
+            if gpu in node.gpus:
+                return node.id
+        raise KeyError(gpu)
+
+
+@dataclass(frozen=True)
+class Health:
+    path: str = "/health"
+    timeout_s: float = 1200.0
+    interval_s: float = 0.25
+
+
+@dataclass(frozen=True)
+class Role:
+    name: str
+    engine: str
+    file: str
+    description: str = ""
+    tp_size: int = 1
+    gpus: int | None = None  # GPUs needed; defaults to tp_size for sglang, 0 for the router
+    allow_span_numa: bool = False
+    version: str | None = None  # pins the engine release; else the host's
+    model: dict[str, Any] = field(default_factory=dict)
+    settings: dict[str, Any] = field(default_factory=dict)
+    extra_args: tuple[str, ...] = ()
+    argv: tuple[str, ...] = ()  # command engine only: Jinja templates, one per argument
+    ports: dict[str, int] = field(default_factory=dict)
+    upstreams: dict[str, tuple[str, ...]] = field(default_factory=dict)  # router: prefill/decode role names
+    env: dict[str, str] = field(default_factory=dict)
+    secret_env: tuple[str, ...] = ()
+    health: Health = field(default_factory=Health)
+    stop_timeout_s: float = 30.0
+    lines: dict[str, int] = field(default_factory=dict)  # key -> line in the role file
+
+    @property
+    def gpus_needed(self) -> int:
+        if self.gpus is not None:
+            return self.gpus
+        return self.tp_size if self.engine == "sglang" else 0
+
+
+@dataclass(frozen=True)
+class Inventory:
+    path: str
+    deployment: str
+    hosts: dict[str, Host]
+    roles: dict[str, Role]
+    templates_dir: str
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One systemd service on one host: everything apply needs, nothing it must compute."""
+
+    deployment: str
+    host: Host
+    role: Role
+    name: str  # e.g. gpudeploy-pd-decode.service
+    engine_version: str | None
+    gpus: tuple[int, ...]
+    numa_node: int | None
+    cpus: str | None
+    ports: dict[str, int]
+    argv: tuple[str, ...]
+    env: dict[str, str]  # public values
+    secret_names: tuple[str, ...]  # values come from the deploying user's environment
+    unit_path: str
+    env_path: str
+    state_dir: str
+    health_url: str
+    files: dict[str, str]  # path -> text, secrets masked
+    memory: dict[str, Any] | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.host.name}/{self.role.name}"
+
+
+@dataclass(frozen=True)
+class Plan:
+    inventory: Inventory
+    units: tuple[Unit, ...]

@@ -1,0 +1,210 @@
+"""Inventory -> Plan: every unit with its placement, ports, argv, environment and rendered files."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jinja2
+
+from ..errors import InputError, Problem
+from ..inventory import load_inventory
+from ..model import Host, Inventory, Plan, Role, Unit
+from .flags import check_args, engine_version, settings_args
+from .placement import Placement, place_host
+from .ports import assign_ports
+from .render import Renderer, env_value, exec_line
+
+UNIT_DIR = "/etc/systemd/system"
+ENV_DIR = "/etc/gpudeploy"
+STATE_ROOT = "/var/lib"
+SECRET_MASK = "********"  # noqa: S105 - the mask, not a secret
+MODULES = {"sglang": "sglang.launch_server", "sglang_router": "sglang_router.launch_router"}
+
+
+def unit_name(deployment: str, role: str) -> str:
+    return f"gpudeploy-{deployment}-{role}.service"
+
+
+def load_plan(inventory_path: str, *, host: str | None = None, role: str | None = None) -> Plan:
+    """Parse the inventory and plan it, reporting the problems of both steps together."""
+    problems: list[Problem] = []
+    inv = load_inventory(inventory_path, problems)
+    return build_plan(inv, host=host, role=role, problems=problems)
+
+
+def build_plan(inv: Inventory, *, host: str | None = None, role: str | None = None,
+               problems: list[Problem] | None = None) -> Plan:
+    """Compute the whole deployment, then select. Raises InputError with every problem found.
+
+    The whole inventory is always checked: a router's upstreams live on other hosts, and a broken
+    host elsewhere is worth knowing about before anything is touched.
+    """
+    problems = problems if problems is not None else []
+    selection: list[Problem] = []
+    if host is not None and host not in inv.hosts:
+        selection.append(Problem(f"unknown host {host!r} (hosts: {', '.join(sorted(inv.hosts))})",
+                                file=inv.path, host=host, key="hosts"))
+    if role is not None and role not in inv.roles:
+        selection.append(Problem(f"unknown role {role!r} (placed roles: {', '.join(sorted(inv.roles))})",
+                                 file=inv.path, role=role, key="roles"))
+    if selection:
+        raise InputError(problems + selection)
+
+    placements: dict[str, dict[str, Placement]] = {}
+    ports: dict[str, dict[str, dict[str, int]]] = {}
+    for h in inv.hosts.values():
+        placements[h.name] = place_host(h, inv.roles, problems)
+        ports[h.name] = assign_ports(h, inv.roles, problems)
+
+    renderer = Renderer(inv.templates_dir)
+    units: list[Unit] = []
+    for h in inv.hosts.values():
+        for req in h.placements:
+            r = inv.roles.get(req.role)
+            if r is None or r.name not in placements[h.name] or r.name not in ports[h.name]:
+                continue
+            unit = _unit(inv, h, r, placements[h.name][r.name], ports[h.name][r.name], ports,
+                         renderer, problems)
+            if unit is not None:
+                units.append(unit)
+    if problems:
+        raise InputError(problems)
+    selected = tuple(u for u in units if (host is None or u.host.name == host)
+                     and (role is None or u.role.name == role))
+    if host is not None and role is not None and not selected:
+        raise InputError([Problem(f"role {role!r} is not placed on host {host!r}", file=inv.path,
+                                  host=host, role=role, key="roles")])
+    return Plan(inventory=inv, units=selected)
+
+
+def _unit(inv: Inventory, host: Host, role: Role, placed: Placement, my_ports: dict[str, int],
+          all_ports: dict[str, dict[str, dict[str, int]]], renderer: Renderer,
+          problems: list[Problem]) -> Unit | None:
+    before = len(problems)
+    version = engine_version(host, role, problems)
+    name = unit_name(inv.deployment, role.name)
+    stem = f"{inv.deployment}-{role.name}"
+    state_dir = f"{STATE_ROOT}/gpudeploy/{stem}"
+    argv: list[str] = []
+    if role.engine == "sglang" and version:
+        argv = _sglang_argv(host, role, version, my_ports, problems)
+    elif role.engine == "sglang_router" and version:
+        argv = _router_argv(inv, host, role, version, my_ports, all_ports, problems)
+    elif role.engine == "command":
+        argv = _command_argv(host, role, placed, my_ports, state_dir, renderer, problems)
+    if len(problems) > before:
+        return None
+
+    env: dict[str, str] = {}
+    if placed.gpus:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in placed.gpus)
+    env.update(host.env)
+    env.update(role.env)
+    env_path = f"{ENV_DIR}/{stem}.env"
+    unit_path = f"{UNIT_DIR}/{name}"
+    where = {"host": host.name, "role": role.name}
+    unit_text = renderer.render("engine.service.j2", {
+        "unit": name, "host": host.name, "deployment": inv.deployment,
+        "role": role.name, "engine": role.engine, "description": role.description,
+        "env_path": env_path, "exec_start": exec_line(argv), "state_dir_name": f"gpudeploy/{stem}",
+        "syslog_identifier": f"gpudeploy-{stem}", "stop_timeout_s": _seconds(role.stop_timeout_s),
+        "binding": _binding(host, placed),
+    }, problems, **where)
+    env_text = render_env(renderer, name, host.name, env, role.secret_env, None, problems)
+    if unit_text is None or env_text is None:
+        return None
+    return Unit(
+        deployment=inv.deployment, host=host, role=role, name=name, engine_version=version,
+        gpus=placed.gpus, numa_node=placed.numa_node, cpus=placed.cpus, ports=my_ports,
+        argv=tuple(argv), env=env, secret_names=role.secret_env, unit_path=unit_path, env_path=env_path,
+        state_dir=state_dir,
+        health_url=f"http://{host.address}:{my_ports['http']}{role.health.path}" if "http" in my_ports else "",
+        files={unit_path: unit_text, env_path: env_text},
+    )
+
+
+def render_env(renderer: Renderer, unit: str, host: str, env: dict[str, str], secret_names: tuple[str, ...],
+               secrets: dict[str, str] | None, problems: list[Problem]) -> str | None:
+    """The env file text. With ``secrets`` None the secret values are masked (for display)."""
+    pairs = [(k, env_value(v)) for k, v in env.items()]
+    for s in secret_names:
+        pairs.append((s, SECRET_MASK if secrets is None else env_value(secrets[s])))
+    return renderer.render("engine.env.j2", {"unit": unit, "host": host, "env": pairs}, problems, host=host)
+
+
+def _sglang_argv(host: Host, role: Role, version: str, ports: dict[str, int],
+                 problems: list[Problem]) -> list[str]:
+    argv = [host.python, "-m", MODULES["sglang"], "--model-path", str(role.model.get("path", "")),
+            "--tp-size", str(role.tp_size), "--host", host.bind_address, "--port", str(ports["http"])]
+    if "nccl" in ports:
+        argv += ["--nccl-port", str(ports["nccl"])]
+    if "bootstrap" in ports:
+        argv += ["--disaggregation-bootstrap-port", str(ports["bootstrap"])]
+    argv += settings_args(host, role, version, role.settings, problems)
+    check_args(host, role, version, role.extra_args, "extra_args", problems)
+    return argv + list(role.extra_args)
+
+
+def _router_argv(inv: Inventory, host: Host, role: Role, version: str, ports: dict[str, int],
+                 all_ports: dict[str, dict[str, dict[str, int]]], problems: list[Problem]) -> list[str]:
+    argv = [host.python, "-m", MODULES["sglang_router"]]
+    if role.upstreams.get("prefill") or role.upstreams.get("decode"):
+        argv.append("--pd-disaggregation")
+    for kind in ("prefill", "decode", "workers"):
+        for upstream in role.upstreams.get(kind, ()):
+            found = [(h, all_ports[h.name][upstream]) for h in inv.hosts.values()
+                     if upstream in all_ports[h.name]]
+            if not found:
+                problems.append(Problem(f"upstream role {upstream!r} is not placed on any host",
+                                        file=role.file, line=role.lines.get("upstreams"), host=host.name,
+                                        role=role.name, key=f"upstreams.{kind}"))
+            for up_host, up_ports in found:
+                url = f"http://{up_host.address}:{up_ports['http']}"
+                if kind == "prefill":
+                    argv += ["--prefill", url]
+                    if "bootstrap" in up_ports:
+                        argv.append(str(up_ports["bootstrap"]))
+                elif kind == "decode":
+                    argv += ["--decode", url]
+                else:
+                    argv += ["--worker-urls", url]
+    argv += ["--host", host.bind_address, "--port", str(ports["http"])]
+    argv += settings_args(host, role, version, role.settings, problems)
+    check_args(host, role, version, role.extra_args, "extra_args", problems)
+    return argv + list(role.extra_args)
+
+
+def _command_argv(host: Host, role: Role, placed: Placement, ports: dict[str, int], state_dir: str,
+                  renderer: Renderer, problems: list[Problem]) -> list[str]:
+    context: dict[str, Any] = {
+        "python": host.python, "port": ports["http"], "ports": ports, "address": host.address,
+        "bind_address": host.bind_address, "gpus": ",".join(str(g) for g in placed.gpus),
+        "tp_size": role.tp_size, "model": role.model, "settings": role.settings, "state_dir": state_dir,
+        "host": host.name, "role": role.name,
+    }
+    out: list[str] = []
+    for i, arg in enumerate(role.argv):
+        try:
+            out.append(renderer.render_string(arg, context))
+        except jinja2.TemplateError as exc:
+            problems.append(Problem(f"argv[{i}] {arg!r}: {exc} (defined: {', '.join(sorted(context))})",
+                                    file=role.file, line=role.lines.get("argv"), host=host.name,
+                                    role=role.name, key=f"argv[{i}]"))
+    return out
+
+
+def _binding(host: Host, placed: Placement) -> list[str]:
+    if not placed.gpus:
+        return []
+    lines = []
+    if placed.cpus:
+        lines.append(f"CPUAffinity={placed.cpus}")
+    if host.numa_policy != "none":
+        nodes = sorted({host.numa_of(g) for g in placed.gpus})
+        lines.append(f"NUMAPolicy={host.numa_policy}")
+        lines.append("NUMAMask=" + ",".join(str(n) for n in nodes))
+    return lines
+
+
+def _seconds(value: float) -> str:
+    return f"{value:g}s"

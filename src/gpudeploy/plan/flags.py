@@ -1,0 +1,160 @@
+"""Engine command lines rendered for the release a host runs, checked against that release's --help.
+
+Role settings use release-neutral names (underscores). Most map to ``--name-with-dashes``; the ones
+SGLang renamed list every spelling, oldest first, and we take the first the release actually has.
+So the captured flag list, not a version comparison, decides.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Sequence
+from typing import Any
+
+from ..errors import Problem
+from ..flagspec import FlagSpec, load_flags, supported_versions
+from ..model import Host, Role
+
+SPELLINGS: dict[str, tuple[str, ...]] = {
+    "cuda_graph_max_bs": ("--cuda-graph-max-bs", "--cuda-graph-max-bs-decode"),
+    "mamba_scheduler_strategy": ("--mamba-scheduler-strategy", "--mamba-radix-cache-strategy"),
+}
+
+# Set by gpudeploy from placement and ports; a role setting them would fight the plan.
+RESERVED = {
+    "sglang": {"model_path": "model.path", "tp_size": "tp_size", "tensor_parallel_size": "tp_size",
+               "port": "ports.http", "host": "bind_address", "nccl_port": "ports.nccl",
+               "disaggregation_bootstrap_port": "ports.bootstrap", "base_gpu_id": "placement"},
+    "sglang_router": {"port": "ports.http", "host": "bind_address", "prefill": "upstreams",
+                      "decode": "upstreams", "pd_disaggregation": "upstreams"},
+}
+PROGRAM = {"sglang": "sglang", "sglang_router": "sglang_router"}
+
+
+def engine_version(host: Host, role: Role, problems: list[Problem]) -> str | None:
+    """The release of the role's engine on this host, if it is one we have the real --help of."""
+    program = PROGRAM.get(role.engine)
+    if program is None:
+        return None
+    version = role.version or host.engine_versions.get(program)
+    known = supported_versions(program)
+    if version is None:
+        problems.append(Problem(
+            f"no {program} release declared; set engine_versions: {{{program}: \"X.Y.Z\"}} "
+            f"(supported: {', '.join(known)})", file=host.where.file if host.where else None,
+            line=host.where.line if host.where else None, host=host.name, role=role.name,
+            key="engine_versions"))
+        return None
+    if version not in known:
+        problems.append(Problem(
+            f"unsupported {program} release {version!r}: gpudeploy has the real --help of "
+            f"{', '.join(known)} only", file=host.where.file if host.where else None,
+            line=host.where.line if host.where else None, host=host.name, role=role.name,
+            key="engine_versions" if role.version is None else "version"))
+        return None
+    return version
+
+
+def flag_for(program: str, version: str, name: str) -> str:
+    """The option string for a release-neutral setting name (unchecked if none matches)."""
+    flags = load_flags(program, version)
+    for spelling in SPELLINGS.get(name, ()):
+        if spelling in flags:
+            return spelling
+    return "--" + name.replace("_", "-")
+
+
+def settings_args(host: Host, role: Role, version: str, settings: dict[str, Any],
+                  problems: list[Problem]) -> list[str]:
+    """Render ``settings`` as argv for ``role``'s engine, recording every invalid flag or value."""
+    program = PROGRAM[role.engine]
+    flags = load_flags(program, version)
+    reserved = RESERVED.get(role.engine, {})
+    args: list[str] = []
+    for name, value in settings.items():
+        def fail(message: str, name: str = name) -> None:
+            problems.append(Problem(message, file=role.file, line=role.lines.get("settings"),
+                                    host=host.name, role=role.name, key=f"settings.{name}"))
+
+        if name in reserved:
+            fail(f"{name} is set by gpudeploy; use {reserved[name]} instead")
+            continue
+        flag = flag_for(program, version, name)
+        spec = flags.get(flag)
+        if spec is None:
+            fail(_unknown(program, version, flag, flags))
+            continue
+        rendered = _render(spec, value, fail)
+        if rendered is not None:
+            args += rendered
+    return args
+
+
+def check_args(host: Host, role: Role, version: str, argv: Sequence[str], key: str,
+               problems: list[Problem]) -> None:
+    """Check a raw argument list (``extra_args``) the way the engine's argparse would."""
+    program = PROGRAM[role.engine]
+    flags = load_flags(program, version)
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        i += 1
+        if not token.startswith("-"):
+            problems.append(Problem(f"{token!r} is not a flag and follows no flag that takes a value",
+                                    file=role.file, line=role.lines.get(key), host=host.name,
+                                    role=role.name, key=key))
+            continue
+        name, eq, inline = token.partition("=")
+        spec = flags.get(name)
+        if spec is None:
+            problems.append(Problem(_unknown(program, version, name, flags), file=role.file,
+                                    line=role.lines.get(key), host=host.name, role=role.name, key=key))
+            continue
+        values: list[str] = [inline] if eq else []
+        if spec.takes_value and not eq:
+            while i < len(argv) and not argv[i].startswith("--"):
+                values.append(argv[i])
+                i += 1
+                if spec.nargs in (None, 1):
+                    break
+        for v in values:
+            if spec.choices and v not in spec.choices:
+                problems.append(Problem(f"{name} {v!r} is not one of {', '.join(spec.choices)}",
+                                        file=role.file, line=role.lines.get(key), host=host.name,
+                                        role=role.name, key=key))
+
+
+def _render(spec: FlagSpec, value: Any, fail: Any) -> list[str] | None:
+    if not spec.takes_value:
+        if not isinstance(value, bool):
+            fail(f"{spec.name} is a switch: use true or false, not {value!r}")
+            return None
+        return [spec.name] if value else []
+    if isinstance(value, bool):
+        fail(f"{spec.name} takes a value, not {str(value).lower()}")
+        return None
+    values = value if isinstance(value, list) else [value]
+    if isinstance(value, list) and spec.nargs in (None, 0, 1):
+        fail(f"{spec.name} takes one value, not a list")
+        return None
+    if isinstance(value, dict):
+        fail(f"{spec.name} takes a value, not a mapping")
+        return None
+    out = [_scalar(v) for v in values]
+    for v in out:
+        if spec.choices and v not in spec.choices:
+            fail(f"{spec.name} {v!r} is not one of {', '.join(spec.choices)}")
+            return None
+    return [spec.name, *out]
+
+
+def _scalar(v: Any) -> str:
+    if isinstance(v, float):
+        return repr(v)
+    return str(v)
+
+
+def _unknown(program: str, version: str, flag: str, flags: dict[str, FlagSpec]) -> str:
+    close = difflib.get_close_matches(flag, list(flags), n=2, cutoff=0.75)
+    hint = f" (did you mean {' or '.join(close)}?)" if close else ""
+    return f"{program} {version} has no flag {flag}{hint}"

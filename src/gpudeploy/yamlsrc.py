@@ -1,0 +1,149 @@
+"""YAML loading that remembers line numbers, and a checker that collects every problem at once.
+
+Users fix inventories faster when an error says ``hosts.yml:14: host node171, key tp_size: ...``,
+so mappings come back as ``LineMap`` (a dict that knows the line of each key).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from .errors import Problem
+
+T = TypeVar("T")
+
+
+class LineMap(dict[str, Any]):
+    """A mapping from YAML that knows its own line and the line of each key (1-based)."""
+
+    line: int | None = None
+    key_lines: dict[str, int]
+
+    def line_of(self, key: str) -> int | None:
+        return self.key_lines.get(key, self.line)
+
+
+class _Loader(yaml.SafeLoader):
+    pass
+
+
+def _construct_mapping(loader: _Loader, node: yaml.MappingNode) -> LineMap:
+    loader.flatten_mapping(node)
+    out = LineMap()
+    out.line = node.start_mark.line + 1
+    out.key_lines = {}
+    for key_node, value_node in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        if key in out:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r}", key_node.start_mark)
+        out[key] = loader.construct_object(value_node, deep=True)
+        out.key_lines[key] = key_node.start_mark.line + 1
+    return out
+
+
+_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def load_yaml(path: Path, problems: list[Problem]) -> Any:
+    """Parse ``path``; on failure record a Problem with file and line and return None."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        problems.append(Problem(f"cannot read: {exc.strerror or exc}", file=str(path)))
+        return None
+    try:
+        return yaml.load(text, Loader=_Loader)  # noqa: S506 - SafeLoader subclass
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark else None
+        what = " ".join(p for p in (exc.context, exc.problem) if p)
+        problems.append(Problem(f"YAML syntax error: {what}", file=str(path), line=line))
+        return None
+    except yaml.YAMLError as exc:
+        problems.append(Problem(f"YAML error: {exc}", file=str(path)))
+        return None
+
+
+class Checker:
+    """Typed access to one YAML mapping that records problems instead of raising."""
+
+    def __init__(self, data: Any, problems: list[Problem], file: str, *,
+                 host: str | None = None, role: str | None = None, prefix: str = "") -> None:
+        self.problems = problems
+        self.file = file
+        self.host = host
+        self.role = role
+        self.prefix = prefix
+        if isinstance(data, dict):
+            self.data: dict[str, Any] = data
+        else:
+            self.data = {}
+            if data is not None:
+                self.fail(f"expected a mapping, got {_typename(data)}", None, line=_line(data))
+        self.line = getattr(data, "line", None)
+
+    def where(self, key: str | None) -> int | None:
+        if key is not None and isinstance(self.data, LineMap):
+            return self.data.line_of(key)
+        return self.line
+
+    def fail(self, message: str, key: str | None, line: int | None = None) -> None:
+        full_key = (self.prefix + key) if key else (self.prefix.rstrip(".") or None)
+        self.problems.append(Problem(message, file=self.file, line=line or self.where(key),
+                                     host=self.host, role=self.role, key=full_key))
+
+    def child(self, key: str, *, required: bool = False) -> Checker:
+        value = self.get(key, dict, required=required, default=None)
+        return Checker(value, self.problems, self.file, host=self.host, role=self.role,
+                       prefix=f"{self.prefix}{key}.")
+
+    def unknown_keys(self, allowed: set[str]) -> None:
+        for key in self.data:
+            if key not in allowed:
+                self.fail(f"unknown key (allowed: {', '.join(sorted(allowed))})", str(key))
+
+    def get(self, key: str, kind: type[T] | tuple[type, ...], *, required: bool = False,
+            default: Any = None, check: Callable[[Any], str | None] | None = None) -> Any:
+        if key not in self.data or self.data[key] is None:
+            if required:
+                self.fail("required key is missing", key, line=self.line)
+            return default
+        value = self.data[key]
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        # YAML ints are acceptable where floats are asked for; bools are never numbers.
+        if float in kinds and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        ok = isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds)
+        if not ok:
+            names = " or ".join(_KIND_NAMES.get(k, k.__name__) for k in kinds)
+            self.fail(f"expected {names}, got {_typename(value)} {value!r}", key)
+            return default
+        if check is not None:
+            msg = check(value)
+            if msg:
+                self.fail(msg, key)
+                return default
+        return value
+
+
+_KIND_NAMES = {dict: "a mapping", list: "a list", str: "a string", int: "an integer",
+               float: "a number", bool: "true/false"}
+
+
+def _typename(value: Any) -> str:
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, bool):
+        return "a boolean"
+    return type(value).__name__
+
+
+def _line(value: Any) -> int | None:
+    return getattr(value, "line", None)
