@@ -94,7 +94,7 @@ def _host(name: str, raw: Any, defaults: Checker, problems: list[Problem], file:
     if not NAME_RE.match(name):
         problems.append(Problem("host names use lowercase letters, digits, - or _", file=file,
                                 line=line, host=name))
-    c = Checker(raw, problems, file, host=name)
+    c = Checker(raw, problems, file, host=name, line=line)
     c.unknown_keys(HOST_KEYS)
 
     def pick(key: str, kind: Any, default: Any) -> Any:
@@ -169,8 +169,9 @@ def _host(name: str, raw: Any, defaults: Checker, problems: list[Problem], file:
     placements: list[PlacementRequest] = []
     roles_list = c.get("roles", list, default=[])
     roles_line = c.where("roles")
-    for item in roles_list:
-        item_line = getattr(item, "line", None) or roles_line
+    item_lines = getattr(roles_list, "item_lines", [])
+    for n, item in enumerate(roles_list):
+        item_line = item_lines[n] if n < len(item_lines) else roles_line
         if isinstance(item, str):
             placements.append(PlacementRequest(role=item, where=Where(file, item_line)))
         elif isinstance(item, dict):
@@ -255,6 +256,10 @@ def load_role(path: Path, problems: list[Problem]) -> Role | None:
     if len(problems) > before:
         return None
     lines = dict(data.key_lines) if isinstance(data, LineMap) else {}
+    for section in ("settings", "model", "ports", "env"):
+        sub = data.get(section) if isinstance(data, dict) else None
+        if isinstance(sub, LineMap):
+            lines.update({f"{section}.{k}": v for k, v in sub.key_lines.items()})
     return Role(
         name=name, engine=engine, file=str(path), description=c.get("description", str, default=""),
         tp_size=tp, gpus=gpus, allow_span_numa=c.get("allow_span_numa", bool, default=False),

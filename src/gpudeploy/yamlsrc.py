@@ -27,6 +27,13 @@ class LineMap(dict[str, Any]):
         return self.key_lines.get(key, self.line)
 
 
+class LineList(list[Any]):
+    """A sequence from YAML that knows the line of each item (1-based)."""
+
+    line: int | None = None
+    item_lines: list[int]
+
+
 class _Loader(yaml.SafeLoader):
     pass
 
@@ -46,7 +53,15 @@ def _construct_mapping(loader: _Loader, node: yaml.MappingNode) -> LineMap:
     return out
 
 
+def _construct_sequence(loader: _Loader, node: yaml.SequenceNode) -> LineList:
+    out = LineList(loader.construct_object(child, deep=True) for child in node.value)
+    out.line = node.start_mark.line + 1
+    out.item_lines = [child.start_mark.line + 1 for child in node.value]
+    return out
+
+
 _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG, _construct_sequence)
 
 
 def load_yaml(path: Path, problems: list[Problem]) -> Any:
@@ -73,7 +88,8 @@ class Checker:
     """Typed access to one YAML mapping that records problems instead of raising."""
 
     def __init__(self, data: Any, problems: list[Problem], file: str, *,
-                 host: str | None = None, role: str | None = None, prefix: str = "") -> None:
+                 host: str | None = None, role: str | None = None, prefix: str = "",
+                 line: int | None = None) -> None:
         self.problems = problems
         self.file = file
         self.host = host
@@ -85,7 +101,8 @@ class Checker:
             self.data = {}
             if data is not None:
                 self.fail(f"expected a mapping, got {_typename(data)}", None, line=_line(data))
-        self.line = getattr(data, "line", None)
+        # A missing key is reported at the line that names this mapping (e.g. the host's name).
+        self.line = line or getattr(data, "line", None)
 
     def where(self, key: str | None) -> int | None:
         if key is not None and isinstance(self.data, LineMap):

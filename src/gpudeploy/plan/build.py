@@ -110,7 +110,7 @@ def _unit(inv: Inventory, host: Host, role: Role, placed: Placement, my_ports: d
         "syslog_identifier": f"gpudeploy-{stem}", "stop_timeout_s": _seconds(role.stop_timeout_s),
         "binding": _binding(host, placed),
     }, problems, **where)
-    env_text = render_env(renderer, name, host.name, env, role.secret_env, None, problems)
+    env_text = render_env(renderer, name, host.name, role.name, env, role.secret_env, None, problems)
     if unit_text is None or env_text is None:
         return None
     return Unit(
@@ -123,13 +123,15 @@ def _unit(inv: Inventory, host: Host, role: Role, placed: Placement, my_ports: d
     )
 
 
-def render_env(renderer: Renderer, unit: str, host: str, env: dict[str, str], secret_names: tuple[str, ...],
-               secrets: dict[str, str] | None, problems: list[Problem]) -> str | None:
+def render_env(renderer: Renderer, unit: str, host: str, role: str, env: dict[str, str],
+               secret_names: tuple[str, ...], secrets: dict[str, str] | None,
+               problems: list[Problem]) -> str | None:
     """The env file text. With ``secrets`` None the secret values are masked (for display)."""
     pairs = [(k, env_value(v)) for k, v in env.items()]
     for s in secret_names:
         pairs.append((s, SECRET_MASK if secrets is None else env_value(secrets[s])))
-    return renderer.render("engine.env.j2", {"unit": unit, "host": host, "env": pairs}, problems, host=host)
+    return renderer.render("engine.env.j2", {"unit": unit, "host": host, "env": pairs}, problems,
+                           host=host, role=role)
 
 
 def _sglang_argv(host: Host, role: Role, version: str, ports: dict[str, int],

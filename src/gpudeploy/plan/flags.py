@@ -73,7 +73,8 @@ def settings_args(host: Host, role: Role, version: str, settings: dict[str, Any]
     args: list[str] = []
     for name, value in settings.items():
         def fail(message: str, name: str = name) -> None:
-            problems.append(Problem(message, file=role.file, line=role.lines.get("settings"),
+            problems.append(Problem(message, file=role.file,
+                                    line=role.lines.get(f"settings.{name}", role.lines.get("settings")),
                                     host=host.name, role=role.name, key=f"settings.{name}"))
 
         if name in reserved:
@@ -109,6 +110,8 @@ def check_args(host: Host, role: Role, version: str, argv: Sequence[str], key: s
         if spec is None:
             problems.append(Problem(_unknown(program, version, name, flags), file=role.file,
                                     line=role.lines.get(key), host=host.name, role=role.name, key=key))
+            while i < len(argv) and not argv[i].startswith("-"):
+                i += 1  # its values: one problem per unknown flag is enough
             continue
         values: list[str] = [inline] if eq else []
         if spec.takes_value and not eq:
