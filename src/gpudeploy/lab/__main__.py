@@ -1,0 +1,38 @@
+"""``python -m gpudeploy.lab up [--hosts N] | down | status``: the lab without invoke (for scripts)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from gpudeploy.lab import control
+from gpudeploy.lab.system import LabError
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gpudeploy.lab", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    up = sub.add_parser("up", help="boot lab hosts and wait until they are ready")
+    up.add_argument("--hosts", type=int, default=3, help="how many hosts: lab1..labN (default 3)")
+    sub.add_parser("down", help="stop every lab host and remove everything it left")
+    sub.add_parser("status", help="print each lab host's state")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "up":
+            control.up(args.hosts)
+        elif args.command == "down":
+            control.down()
+        else:
+            statuses = control.status()
+            for st in statuses:
+                print(st.line())
+            if not statuses:
+                print("lab: no hosts")
+    except (LabError, ValueError) as exc:
+        print(f"lab {args.command} failed: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,118 @@
+"""Fixed names, addresses and paths of the lab. Other parts of the project rely on these values."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+STATE_DIR = Path("/var/lib/gpudeploy-lab")  # ssh key, known_hosts, per-host overlay upper dirs, logs
+CACHE_DIR = Path("/var/cache/gpudeploy-lab")  # rootfs tarball + unpacked base, keyed by content
+RUN_DIR = Path("/run/gpudeploy-lab")  # per-host mount points and pid files; gone after a reboot
+SSH_KEY = STATE_DIR / "id_ed25519"
+KNOWN_HOSTS = STATE_DIR / "known_hosts"
+
+BRIDGE = "gdlab0"
+BRIDGE_ADDRESS = "10.231.0.1"
+PREFIX_LEN = 24
+FIRST_HOST_OCTET = 11  # lab1 = 10.231.0.11
+MAX_HOSTS = 40
+NET_PREFIX = "gdlab-"  # network namespace and outer veth names: gdlab-lab1
+
+CGROUP_NAME = "gpudeploy-lab"  # each host's nspawn and container live in <root>/gpudeploy-lab/<host>/
+_CGROUP_FS = Path("/sys/fs/cgroup")
+if (_CGROUP_FS / "cgroup.controllers").exists():  # pure cgroup v2 machine
+    CGROUP_ROOTS: tuple[Path, ...] = (_CGROUP_FS / CGROUP_NAME,)
+else:  # hybrid: v2 at unified/ (first: it has cgroup.kill), systemd's v1 hierarchy at systemd/
+    CGROUP_ROOTS = (_CGROUP_FS / "unified" / CGROUP_NAME, _CGROUP_FS / "systemd" / CGROUP_NAME)
+
+# The stand-in engine reaches the hosts through read-only bind mounts (no network inside).
+GUEST_SRC = "/opt/gpudeploy/src"
+GUEST_SHIMS = "/opt/gpudeploy/shims"
+
+GPU_COUNT = 8
+GPU_MEMORY_BYTES = 96 * 2**30
+GPU_NAME = "NVIDIA RTX PRO 6000 Blackwell Server Edition (stand-in)"
+DRIVER_VERSION = "580.159.04-standin"
+
+
+@dataclass(frozen=True)
+class Host:
+    """One lab host: ``lab<index>`` at ``10.231.0.<10 + index>``."""
+
+    index: int
+
+    @property
+    def name(self) -> str:
+        return f"lab{self.index}"
+
+    @property
+    def address(self) -> str:
+        return f"10.231.0.{FIRST_HOST_OCTET - 1 + self.index}"
+
+    @property
+    def mac(self) -> str:
+        """Fixed per host, so ARP caches stay right when a host is recreated at the same address."""
+        return f"02:00:0a:e7:00:{FIRST_HOST_OCTET - 1 + self.index:02x}"
+
+    @property
+    def netns(self) -> str:
+        return NET_PREFIX + self.name
+
+    @property
+    def veth(self) -> str:
+        return NET_PREFIX + self.name
+
+    @property
+    def run_dir(self) -> Path:
+        return RUN_DIR / self.name
+
+    @property
+    def root(self) -> Path:
+        """Where the host's overlay root is mounted on the main machine."""
+        return self.run_dir / "root"
+
+    @property
+    def pid_file(self) -> Path:
+        return self.run_dir / "nspawn.pid"
+
+    @property
+    def state_dir(self) -> Path:
+        """Overlay upper and work dirs; removed by ``down``."""
+        return STATE_DIR / "hosts" / self.name
+
+    @property
+    def log_file(self) -> Path:
+        """nspawn's console output of the latest boot (truncated at each boot)."""
+        return STATE_DIR / "logs" / f"{self.name}.log"
+
+    @property
+    def cgroups(self) -> tuple[Path, ...]:
+        """The host's cgroup in each hierarchy; the first is the v2 one."""
+        return tuple(root / self.name for root in CGROUP_ROOTS)
+
+
+def lab_hosts(count: int) -> list[Host]:
+    """lab1 .. lab<count>."""
+    if not 1 <= count <= MAX_HOSTS:
+        raise ValueError(f"--hosts must be between 1 and {MAX_HOSTS}, not {count}")
+    return [Host(i) for i in range(1, count + 1)]
+
+
+def host_named(name: str) -> Host | None:
+    """The Host for ``lab<N>``, or None if ``name`` is not a lab host name."""
+    digits = name.removeprefix("lab")
+    if name.startswith("lab") and digits.isdigit() and 1 <= int(digits) <= MAX_HOSTS:
+        return Host(int(digits))
+    return None
+
+
+def repo_root() -> Path:
+    """The checkout whose ``src/`` and ``lab/shims/`` are bind-mounted into the hosts.
+
+    ``GPUDEPLOY_LAB_REPO`` overrides; otherwise the repo this module lives in (src/gpudeploy/lab/).
+    """
+    override = os.environ.get("GPUDEPLOY_LAB_REPO")
+    if override:
+        return Path(override).resolve()
+    return Path(__file__).resolve().parents[3]

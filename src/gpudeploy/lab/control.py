@@ -1,0 +1,228 @@
+"""lab up / down / status: the whole lab, composed from host.py's per-host steps."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpudeploy.lab import config, host, rootfs
+from gpudeploy.lab.config import Host, host_named, lab_hosts, repo_root
+from gpudeploy.lab.ssh import SSH_FAILED, ensure_key, ssh, write_known_hosts
+from gpudeploy.lab.system import (
+    LabError,
+    cgroup_pids,
+    link_exists,
+    link_names,
+    mounts_under,
+    netns_names,
+    pss_kib,
+    remove_cgroup_tree,
+    run,
+)
+
+# executable -> Debian package that provides it
+TOOLS = {"systemd-nspawn": "systemd-container", "mmdebstrap": "mmdebstrap", "zstd": "zstd",
+         "ip": "iproute2", "ssh": "openssh-client", "ssh-keygen": "openssh-client"}
+
+
+@dataclass(frozen=True)
+class HostStatus:
+    host: Host
+    up: bool  # nspawn running with its root mounted and its netns present
+    ssh_ok: bool
+    systemd: str  # `systemctl is-system-running`: running, degraded, starting, ... or "-"
+    failed_units: tuple[str, ...] = ()
+    pss_kib: int = 0  # proportional RAM of every process of the host (nspawn included)
+
+    def line(self) -> str:
+        failed = f" failed: {', '.join(self.failed_units)}" if self.failed_units else ""
+        return (f"{self.host.name:<6} {'up' if self.up else 'down':<5} {self.host.address:<12} "
+                f"ssh {'ok' if self.ssh_ok else 'no':<3} systemd {self.systemd:<9} "
+                f"ram {self.pss_kib / 1024:.0f} MiB{failed}")
+
+
+# --- preconditions --------------------------------------------------------------------------------
+
+def missing_tools() -> list[str]:
+    return [tool for tool in TOOLS if shutil.which(tool) is None]
+
+
+def precondition_problem() -> str | None:
+    """Why the lab cannot run on this machine, or None."""
+    if os.geteuid() != 0:
+        return "the lab needs root (network namespaces, mounts, cgroups, systemd-nspawn)"
+    missing = missing_tools()
+    if missing:
+        return f"missing tools: {', '.join(missing)} (apt-get install {' '.join(sorted({TOOLS[t] for t in missing}))})"
+    return None
+
+
+def ensure_tools() -> None:
+    """Install the Debian packages the lab needs, if any tool is missing (fresh machine)."""
+    if os.geteuid() != 0:
+        raise LabError(precondition_problem() or "the lab needs root")
+    missing = missing_tools()
+    if missing and shutil.which("apt-get"):
+        packages = sorted({TOOLS[t] for t in missing})
+        print(f"lab: installing {' '.join(packages)}", flush=True)
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        run(["apt-get", "update", "-q"], env=env, timeout=300)
+        run(["apt-get", "install", "-y", "-q", "--no-install-recommends", *packages], env=env, timeout=600)
+    problem = precondition_problem()
+    if problem:
+        raise LabError(problem)
+
+
+@contextmanager
+def _locked() -> Iterator[None]:
+    """One lab command at a time on this machine."""
+    config.STATE_DIR.mkdir(parents=True, exist_ok=True)
+    with (config.STATE_DIR / "lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+# --- discovery ------------------------------------------------------------------------------------
+
+def traced_hosts() -> list[Host]:
+    """Every lab host that left any trace on this machine: running, crashed or half torn down."""
+    names: set[str] = set(netns_names(config.NET_PREFIX))
+    names |= {n.removeprefix(config.NET_PREFIX) for n in names}
+    names |= {n.removeprefix(config.NET_PREFIX) for n in link_names(config.NET_PREFIX, "veth")}
+    for parent in (config.RUN_DIR, config.STATE_DIR / "hosts", *config.CGROUP_ROOTS):
+        if parent.is_dir():
+            names |= {p.name for p in parent.iterdir() if p.is_dir()}
+    hosts = {h for h in map(host_named, names) if h is not None}
+    return sorted(hosts, key=lambda h: h.index)
+
+
+def leftovers() -> list[str]:
+    """What a lab (or a crashed one) left on this machine; empty after a complete ``down``."""
+    found = [f"network namespace {n}" for n in netns_names(config.NET_PREFIX)]
+    found += [f"link {n}" for n in link_names(config.NET_PREFIX)]
+    if link_exists(config.BRIDGE):
+        found.append(f"bridge {config.BRIDGE}")
+    for path in (config.RUN_DIR, config.STATE_DIR / "hosts"):
+        found += [f"mount {m}" for m in mounts_under(path)]
+    for cgroup in config.CGROUP_ROOTS:
+        if cgroup.exists():
+            found.append(f"cgroup {cgroup} (pids: {cgroup_pids(cgroup) or 'none'})")
+    if config.RUN_DIR.exists():
+        found.append(f"directory {config.RUN_DIR}")
+    return found
+
+
+# --- status ---------------------------------------------------------------------------------------
+
+def probe(h: Host, wait: bool = False, timeout: float = 10) -> HostStatus:
+    """Look at one host: nspawn, ssh, systemd state (``wait``: until boot has finished)."""
+    if not host.is_running(h):
+        return HostStatus(h, up=False, ssh_ok=False, systemd="-", pss_kib=_host_pss(h))
+    is_running = "systemctl is-system-running" + (" --wait" if wait else "")
+    result = ssh(h.address, f"{is_running}; systemctl list-units --failed --plain --no-legend", timeout=timeout)
+    if result.returncode == SSH_FAILED:
+        return HostStatus(h, up=True, ssh_ok=False, systemd="-", pss_kib=_host_pss(h))
+    state, *failed = result.stdout.splitlines() or ["?"]
+    units = tuple(line.split()[0] for line in failed if line.strip())
+    return HostStatus(h, up=True, ssh_ok=True, systemd=state.strip(), failed_units=units, pss_kib=_host_pss(h))
+
+
+def _host_pss(h: Host) -> int:
+    return pss_kib(cgroup_pids(h.cgroups[0]))
+
+
+def status() -> list[HostStatus]:
+    """Every lab host this machine knows of, up or leftover."""
+    return [probe(h) for h in traced_hosts()]
+
+
+def running_hosts() -> list[Host]:
+    return [h for h in traced_hosts() if host.is_running(h)]
+
+
+# --- up -------------------------------------------------------------------------------------------
+
+def up(count: int = 3, repo: Path | None = None, timeout: float = 120) -> list[HostStatus]:
+    """Make lab1..lab<count> run and be ready; hosts already running stay as they are."""
+    wanted = lab_hosts(count)
+    ensure_tools()
+    with _locked():
+        started = time.monotonic()
+        base = rootfs.ensure_rootfs()
+        authorized_key = ensure_key()
+        keep = [h for h in traced_hosts() if host.is_running(h)]
+        _sweep([h for h in traced_hosts() if h not in keep])
+        new = [h for h in wanted if h not in keep]
+        every = sorted(set(keep) | set(wanted), key=lambda h: h.index)
+        host.ensure_bridge()
+        for h in new:
+            host.prepare(h, base, authorized_key)
+        for h in every:
+            host.write_etc_hosts(h, every)
+        write_known_hosts((h, host.host_public_key(h)) for h in every)
+        for h in new:
+            host.start(h, repo or repo_root())
+        print(f"lab: {len(new)} host(s) booting, {len(keep)} already up", flush=True)
+        statuses = [_wait_ready(h, started + timeout) for h in every]
+        print(f"lab: {len(every)} host(s) ready in {time.monotonic() - started:.1f} s", flush=True)
+        return statuses
+
+
+def _wait_ready(h: Host, deadline: float) -> HostStatus:
+    """Poll until ``ssh root@IP true`` works, then wait for systemd to finish booting."""
+    while True:
+        if host.nspawn_pid(h) is None:
+            raise LabError(f"{h.name}: systemd-nspawn exited during boot; see {h.log_file}:\n{_tail(h.log_file)}")
+        if ssh(h.address, "true", timeout=5).returncode == 0:
+            break
+        if time.monotonic() > deadline:
+            raise LabError(f"{h.name}: no ssh at {h.address} before the deadline; see {h.log_file}")
+        time.sleep(0.2)
+    st = probe(h, wait=True, timeout=max(1.0, deadline - time.monotonic()))
+    if st.systemd not in ("running", "degraded"):
+        raise LabError(f"{h.name}: systemd state {st.systemd!r} after boot; see {h.log_file}")
+    print(st.line(), flush=True)
+    return st
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return "(no log)"
+
+
+# --- down -----------------------------------------------------------------------------------------
+
+def down() -> None:
+    """Stop every lab host and remove everything the lab (or a crashed earlier run) left behind."""
+    if os.geteuid() != 0:
+        raise LabError(precondition_problem() or "the lab needs root")
+    with _locked():
+        started = time.monotonic()
+        hosts = traced_hosts()
+        _sweep(hosts)
+        host.remove_bridge()
+        for cgroup in config.CGROUP_ROOTS:
+            remove_cgroup_tree(cgroup)
+        if config.RUN_DIR.exists():
+            shutil.rmtree(config.RUN_DIR)
+        rootfs.remove_stale()
+        left = leftovers()
+        if left:
+            raise LabError("lab down left behind:\n  " + "\n  ".join(left))
+        print(f"lab: {len(hosts)} host(s) down in {time.monotonic() - started:.1f} s", flush=True)
+
+
+def _sweep(hosts: list[Host]) -> None:
+    """Stop (all at once, then wait) and release the given hosts, whatever state they are in."""
+    asked = {h: host.request_stop(h) for h in hosts}
+    for h in hosts:
+        host.finish_stop(h, timeout=15 if asked[h] else 0)
+        host.release(h)

@@ -1,0 +1,208 @@
+"""One lab host's life cycle on the main machine: network, overlay root, files, nspawn, teardown.
+
+    prepare()  netns + veth on the bridge, overlay root, per-host files (hostname, keys, gpus.json)
+    start()    systemd-nspawn --boot in the host's own cgroup, detached, console to a log file
+    stop()     SIGTERM to nspawn (clean poweroff); cgroup.kill if that does not end everything
+    release()  unmount, delete netns/veth/cgroups/dirs: also sweeps what a crashed run left
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import warnings
+from pathlib import Path
+
+from gpudeploy.lab import config
+from gpudeploy.lab.config import Host
+from gpudeploy.lab.system import (
+    LabError,
+    cgroup_kill,
+    cgroup_populated,
+    is_mount_point,
+    link_exists,
+    pid_in_cgroup,
+    remove_cgroup_tree,
+    run,
+    unmount_all_under,
+    wait_until,
+    write_file,
+)
+
+# The host cgroup must hold nothing but nspawn and the container; see test-lab.md step 4.
+_ENTER_CGROUPS_AND_EXEC = 'while [ "$1" != -- ]; do echo $$ > "$1"; shift; done; shift; exec "$@"'
+
+_PCI_BUSES = ("1A", "3C", "4D", "5D", "9A", "BA", "CA", "DA")
+
+# Popen handles of the nspawn processes this Python process started, so stop() can reap them.
+_children: dict[str, subprocess.Popen[bytes]] = {}
+
+
+# --- network --------------------------------------------------------------------------------------
+
+def ensure_bridge() -> None:
+    if not link_exists(config.BRIDGE):
+        run(["ip", "link", "add", config.BRIDGE, "type", "bridge"])
+        run(["ip", "addr", "add", f"{config.BRIDGE_ADDRESS}/{config.PREFIX_LEN}", "dev", config.BRIDGE])
+    run(["ip", "link", "set", config.BRIDGE, "up"])
+
+
+def remove_bridge() -> None:
+    if link_exists(config.BRIDGE):
+        run(["ip", "link", "del", config.BRIDGE])
+
+
+def _setup_network(host: Host) -> None:
+    """A netns whose only link (eth0) is a veth to the bridge; no default route: nothing leaves."""
+    run(["ip", "netns", "add", host.netns])
+    run(["ip", "link", "add", host.veth, "type", "veth",
+         "peer", "name", "eth0", "address", host.mac, "netns", host.netns])
+    run(["ip", "link", "set", host.veth, "master", config.BRIDGE, "up"])
+    ns = ["ip", "-n", host.netns]
+    run([*ns, "addr", "add", f"{host.address}/{config.PREFIX_LEN}", "dev", "eth0"])
+    run([*ns, "link", "set", "lo", "up"])
+    run([*ns, "link", "set", "eth0", "up"])
+
+
+# --- files ----------------------------------------------------------------------------------------
+
+def gpus_json(host: Host) -> str:
+    gpus = [{
+        "index": i,
+        "name": config.GPU_NAME,
+        "uuid": f"GPU-{host.name}-0000-0000-0000-{i:012d}",
+        "memory_total_bytes": config.GPU_MEMORY_BYTES,
+        "numa_node": 0 if i < config.GPU_COUNT // 2 else 1,
+        "pci_bus_id": f"00000000:{_PCI_BUSES[i % len(_PCI_BUSES)]}:00.0",
+    } for i in range(config.GPU_COUNT)]
+    return json.dumps({"driver_version": config.DRIVER_VERSION, "gpus": gpus}, indent=2) + "\n"
+
+
+def etc_hosts(hosts: list[Host]) -> str:
+    lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
+    lines += [f"{h.address}\t{h.name}" for h in sorted(hosts, key=lambda h: h.index)]
+    return "\n".join(lines) + "\n"
+
+
+def write_etc_hosts(host: Host, hosts: list[Host]) -> None:
+    """(Re)write /etc/hosts through the mounted root; a running host sees it at once."""
+    write_file(host.root / "etc/hosts", etc_hosts(hosts))
+
+
+def host_public_key(host: Host) -> str:
+    return (host.root / "etc/ssh/ssh_host_ed25519_key.pub").read_text().split()[:2][1]
+
+
+def _write_host_files(host: Host, authorized_key: str) -> None:
+    root = host.root
+    write_file(root / "etc/hostname", host.name + "\n")
+    write_file(root / "root/.ssh/authorized_keys", authorized_key, mode=0o600)
+    write_file(root / "etc/gpudeploy-lab/gpus.json", gpus_json(host))
+    write_file(root / "etc/gpudeploy-lab/host.json",
+               json.dumps({"name": host.name, "address": host.address}) + "\n")
+    keyfile = root / "etc/ssh/ssh_host_ed25519_key"
+    if not keyfile.exists():
+        run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"root@{host.name}", "-f", str(keyfile)])
+
+
+# --- life cycle -----------------------------------------------------------------------------------
+
+def prepare(host: Host, base: Path, authorized_key: str) -> None:
+    """Network and root filesystem for a host that is not running (call release() first)."""
+    upper, work = host.state_dir / "upper", host.state_dir / "work"
+    for d in (upper, work, host.root):
+        d.mkdir(parents=True, exist_ok=True)
+    for cgroup in host.cgroups:
+        cgroup.mkdir(parents=True, exist_ok=True)
+    _setup_network(host)
+    run(["mount", "-t", "overlay", "overlay", "-o",
+         f"lowerdir={base},upperdir={upper},workdir={work}", str(host.root)])
+    _write_host_files(host, authorized_key)
+
+
+def nspawn_argv(host: Host, repo: Path) -> list[str]:
+    argv = ["systemd-nspawn", "--boot", f"--directory={host.root}", f"--machine={host.name}",
+            "--register=no", "--keep-unit",  # there is no system bus on the main machine
+            f"--network-namespace-path=/run/netns/{host.netns}",
+            "--resolv-conf=off", "--timezone=off", "--link-journal=no", "--console=read-only"]
+    for source, target in ((repo / "src", config.GUEST_SRC), (repo / "lab" / "shims", config.GUEST_SHIMS)):
+        if source.is_dir():
+            argv.append(f"--bind-ro={source}:{target}")
+        else:
+            warnings.warn(f"{host.name}: {source} does not exist; {target} stays empty", stacklevel=2)
+    return argv
+
+
+def start(host: Host, repo: Path) -> int:
+    """Boot the prepared host; return nspawn's PID (also written to the host's pid file)."""
+    host.log_file.parent.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, SYSTEMD_NSPAWN_UNIFIED_HIERARCHY="1")  # pure cgroup v2 inside
+    with host.log_file.open("wb") as log:
+        proc = subprocess.Popen(
+            ["sh", "-c", _ENTER_CGROUPS_AND_EXEC, "sh", *(str(cg / "cgroup.procs") for cg in host.cgroups),
+             "--", *nspawn_argv(host, repo)],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+            start_new_session=True)
+    _children[host.name] = proc
+    write_file(host.pid_file, f"{proc.pid}\n")
+    if not wait_until(lambda: nspawn_pid(host) is not None or proc.poll() is not None, 5, interval=0.01) \
+            or proc.poll() is not None:
+        raise LabError(f"{host.name}: systemd-nspawn did not start; see {host.log_file}")
+    return proc.pid
+
+
+def nspawn_pid(host: Host) -> int | None:
+    """PID of the host's running nspawn, checked against its cgroup (a reused PID does not count)."""
+    try:
+        pid = int(host.pid_file.read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+    return pid if pid_in_cgroup(pid, f"/{config.CGROUP_NAME}/{host.name}") else None
+
+
+def is_running(host: Host) -> bool:
+    """nspawn alive, root mounted and netns present: a host that ``up`` may keep."""
+    return (nspawn_pid(host) is not None and is_mount_point(host.root)
+            and Path("/run/netns", host.netns).exists())
+
+
+def request_stop(host: Host) -> bool:
+    """Ask for a clean poweroff: nspawn forwards SIGTERM to the container's systemd.
+
+    Returns False if there is no nspawn to ask (never started, or crashed: its container may live on).
+    """
+    pid = nspawn_pid(host)
+    if pid is not None:
+        os.kill(pid, signal.SIGTERM)
+    return pid is not None
+
+
+def finish_stop(host: Host, timeout: float = 15) -> None:
+    """Wait up to ``timeout`` for the host's cgroup to empty; then SIGKILL what is left in it."""
+    v2 = host.cgroups[0]
+    if not wait_until(lambda: not cgroup_populated(v2), timeout):
+        cgroup_kill(v2)
+        if not wait_until(lambda: not cgroup_populated(v2), 10):
+            raise LabError(f"{host.name}: processes survive cgroup.kill in {v2}")
+    child = _children.pop(host.name, None)
+    if child is not None:
+        child.wait(timeout=5)  # reap it
+
+
+def release(host: Host) -> None:
+    """Remove everything the host owns on the main machine. Its processes must be gone."""
+    unmount_all_under(host.run_dir)
+    if Path("/run/netns", host.netns).exists():
+        run(["ip", "netns", "del", host.netns])  # takes the veth pair with it
+    if link_exists(host.veth):  # the kernel may still be removing it after the netns went away
+        run(["ip", "link", "del", host.veth], check=False)
+        if not wait_until(lambda: not link_exists(host.veth), 5):
+            raise LabError(f"{host.name}: cannot delete link {host.veth}")
+    for cgroup in host.cgroups:
+        remove_cgroup_tree(cgroup)
+    for d in (host.run_dir, host.state_dir):
+        if d.exists():
+            shutil.rmtree(d)

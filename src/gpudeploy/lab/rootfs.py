@@ -1,0 +1,110 @@
+"""The lab hosts' shared, read-only base: a Debian bookworm minbase tree built once by mmdebstrap.
+
+The tree lives in ``/var/cache/gpudeploy-lab/rootfs-<key>/``; ``<key>`` hashes the package list, the
+files this module writes into the tree and ``RECIPE_REVISION`` (bump it when the build code changes),
+so a changed recipe builds a new tree instead of reusing a stale one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+from gpudeploy.lab.config import CACHE_DIR, GUEST_SHIMS, GUEST_SRC
+from gpudeploy.lab.system import run
+
+RECIPE_REVISION = 1
+SUITE = "bookworm"
+MIRROR = os.environ.get("GPUDEPLOY_LAB_MIRROR", "http://deb.debian.org/debian")
+PACKAGES = ("systemd", "systemd-sysv", "dbus", "libpam-systemd", "openssh-server", "python3",
+            "iproute2", "procps", "netbase", "sudo")
+
+# Units that only cost time or fail in a container with no network and no console.
+MASKED_UNITS = ("apt-daily.timer", "apt-daily-upgrade.timer", "e2scrub_all.timer", "e2scrub_reap.service",
+                "console-getty.service", "systemd-networkd-wait-online.service")
+
+# Files identical on every host. Per-host files (hostname, keys, gpus.json) are written by host.py.
+FILES: dict[str, str] = {
+    "etc/ssh/sshd_config.d/gpudeploy-lab.conf": (
+        "# gpudeploy lab: root with the lab key only, no DNS, many parallel sessions\n"
+        "HostKey /etc/ssh/ssh_host_ed25519_key\n"
+        "PermitRootLogin prohibit-password\n"
+        "PasswordAuthentication no\n"
+        "KbdInteractiveAuthentication no\n"
+        "UseDNS no\n"
+        "MaxStartups 100:30:200\n"
+        "MaxSessions 100\n"
+    ),
+    # Python finds the stand-in engine (`python3 -m sglang.launch_server`) in the bind mounts.
+    "usr/lib/python3/dist-packages/gpudeploy-lab.pth": f"{GUEST_SHIMS}\n{GUEST_SRC}\n",
+    # The stand-in writes per-process "GPU usage" records here.
+    "etc/tmpfiles.d/gpudeploy-lab.conf": "d /run/gpudeploy-lab/gpu-procs 0755 root root -\n",
+    "etc/resolv.conf": "",  # no DNS: an unreachable nameserver makes getfqdn() hang for seconds
+}
+DIRECTORIES = (GUEST_SRC, GUEST_SHIMS, "/etc/gpudeploy-lab", "/root/.ssh")
+
+
+def cache_key() -> str:
+    recipe = {"revision": RECIPE_REVISION, "suite": SUITE, "packages": PACKAGES,
+              "masked": MASKED_UNITS, "files": FILES, "dirs": DIRECTORIES}
+    return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def base_dir() -> Path:
+    return CACHE_DIR / f"rootfs-{cache_key()}"
+
+
+def ensure_rootfs(log: bool = True) -> Path:
+    """Return the cached base tree, building it first if it is missing (~30 s, needs the mirror)."""
+    final = base_dir()
+    if final.is_dir():
+        return final
+    partial = final.with_name(final.name + ".partial")
+    if partial.exists():  # an interrupted earlier build
+        shutil.rmtree(partial)
+    CACHE_DIR.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    if log:
+        print(f"lab: building rootfs {final.name} with mmdebstrap ({SUITE}, {len(PACKAGES)} packages)",
+              flush=True)
+    run(["mmdebstrap", "--variant=minbase", "--include=" + ",".join(PACKAGES), "--quiet",
+         SUITE, str(partial), MIRROR], timeout=900)
+    customize(partial)
+    partial.rename(final)
+    if log:
+        print(f"lab: rootfs built in {time.monotonic() - started:.1f} s", flush=True)
+    return final
+
+
+def customize(root: Path) -> None:
+    """Turn a fresh minbase tree into a lab host image (the same for every host)."""
+    for key in (root / "etc/ssh").glob("ssh_host_*"):
+        key.unlink()  # every host gets fresh keys at its first boot, known_hosts gets them
+    (root / "etc/hostname").unlink(missing_ok=True)
+    for rel, text in FILES.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.unlink(missing_ok=True)  # resolv.conf may be a symlink
+        path.write_text(text)
+    for unit in MASKED_UNITS:
+        link = root / "etc/systemd/system" / unit
+        link.unlink(missing_ok=True)
+        link.symlink_to("/dev/null")
+    for directory in DIRECTORIES:
+        (root / directory.lstrip("/")).mkdir(parents=True, exist_ok=True)
+    (root / "root/.ssh").chmod(0o700)
+
+
+def remove_stale() -> list[Path]:
+    """Delete cached trees of other recipe keys; return what was removed."""
+    removed = []
+    if CACHE_DIR.is_dir():
+        for path in CACHE_DIR.glob("rootfs-*"):
+            if path.name != base_dir().name and path.is_dir():
+                shutil.rmtree(path)
+                removed.append(path)
+    return removed

@@ -1,0 +1,43 @@
+"""invoke tasks: ``invoke lab.up --hosts 3``, ``invoke lab.down``, ``invoke lab.status``."""
+
+from __future__ import annotations
+
+from invoke.collection import Collection
+from invoke.context import Context
+from invoke.exceptions import Exit
+from invoke.tasks import task
+
+from gpudeploy.lab import control
+from gpudeploy.lab.system import LabError
+
+
+@task(help={"hosts": "how many hosts: lab1..labN (default 3)"})
+def up(c: Context, hosts: int = 3) -> None:
+    """Boot lab hosts (systemd + sshd) and wait until they are ready."""
+    try:
+        control.up(hosts)
+    except LabError as exc:
+        raise Exit(f"lab up failed: {exc}", code=1) from exc
+
+
+@task
+def down(c: Context) -> None:
+    """Stop all lab hosts and remove everything they left on this machine."""
+    try:
+        control.down()
+    except LabError as exc:
+        raise Exit(f"lab down failed: {exc}", code=1) from exc
+
+
+@task
+def status(c: Context) -> None:
+    """Print each lab host: up/down, address, ssh, systemd state, RAM."""
+    statuses = control.status()
+    for st in statuses:
+        print(st.line())
+    if not statuses:
+        print("lab: no hosts")
+
+
+lab_collection = Collection("lab", up, down, status)
+ns = lab_collection
