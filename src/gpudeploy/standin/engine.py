@@ -1,0 +1,619 @@
+"""The stand-in ``python3 -m sglang.launch_server``: SGLang as seen from outside, without a GPU.
+
+One process per TP rank (:mod:`gpudeploy.standin.worker`) prints the rank's startup log lines and
+registers fake GPU memory; this process plans the numbers, watches the ranks, then serves HTTP:
+
+  loading weights / KV cache / CUDA graphs   port closed
+  HTTP up, warmup                            /health 503, /v1/models /model_info /server_info 200
+  ready                                      /health 200, "The server is fired up and ready to roll!"
+  SIGTERM                                    /health 503, workers terminated, exit 0
+
+A rank that dies makes this process log like SGLang and exit 1, killing the other ranks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import errno
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from gpudeploy.standin import api
+from gpudeploy.standin.common import (
+    CUDA_CONTEXT_BYTES,
+    GIB,
+    as_float,
+    as_int,
+    build_parser,
+    default_gpu_bytes,
+    emit,
+    env_float,
+    fault,
+    live_records,
+    load_gpus,
+    raw,
+    remove_record,
+    speed,
+)
+from gpudeploy.standin.memory import (
+    EnginePlan,
+    EngineSettings,
+    graph_oom_text,
+    plan_engine,
+    read_model_info,
+    resolve_gpus,
+    torch_oom,
+)
+
+DEFAULT_VERSION = "0.5.23"
+
+# Phase durations in seconds at SGLANG_STANDIN_SPEED=1.0 (about 3 s in all).
+T_INIT, T_WEIGHTS, T_KV, T_GRAPH, T_WARMUP = 0.15, 1.0, 0.2, 1.0, 0.5
+
+SITE = "/usr/local/lib/python3.12/dist-packages/sglang/srt"
+FRAMES = {
+    "init": [("managers/scheduler.py", 3052, "run_scheduler_process", "scheduler = Scheduler("),
+             ("model_executor/model_runner.py", 512, "init_torch_distributed",
+              "min_per_gpu_memory = get_available_gpu_memory(")],
+    "weights": [("managers/scheduler.py", 3052, "run_scheduler_process", "scheduler = Scheduler("),
+                ("model_executor/model_runner.py", 921, "load_model",
+                 "self.model = get_model("),
+                ("model_loader/loader.py", 684, "load_weights_and_postprocess",
+                 "model.load_weights(weights)")],
+    "kv": [("managers/scheduler.py", 3052, "run_scheduler_process", "scheduler = Scheduler("),
+           ("model_executor/model_runner.py", 1873, "init_memory_pool",
+            'raise RuntimeError(')],
+    "mamba": [("managers/scheduler.py", 3052, "run_scheduler_process", "scheduler = Scheduler("),
+              ("model_executor/model_runner.py", 1790, "init_memory_pool",
+               "raise RuntimeError(")],
+    "graph": [("managers/scheduler.py", 3052, "run_scheduler_process", "scheduler = Scheduler("),
+              ("model_executor/model_runner.py", 2101, "init_device_graphs",
+               "self.graph_runner = graph_runners[self.device](self)"),
+              ("model_executor/cuda_graph_runner.py", 410, "__init__", "raise Exception(")],
+    "nccl": [("managers/scheduler.py", 3052, "run_scheduler_process", "scheduler = Scheduler("),
+             ("distributed/parallel_state.py", 1301, "init_distributed_environment",
+              "torch.distributed.barrier(group=_WORLD.cpu_group)")],
+    "run": [("managers/scheduler.py", 3070, "run_scheduler_process", "scheduler.event_loop_overlap()"),
+            ("managers/scheduler.py", 1120, "event_loop_overlap",
+             "batch_result = self.run_batch(batch)")],
+}
+
+NCCL_TEXT = (
+    "torch.distributed.DistBackendError: NCCL error in: "
+    "/pytorch/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:3356, unhandled system error "
+    "(run with NCCL_DEBUG=INFO for details), NCCL version 2.27.3\n"
+    "ncclSystemError: System call (e.g. socket, malloc) or external library call failed or device error. \n"
+    "Last error:\n"
+    "socketStartConnect: Connect to 127.0.0.1<38273> failed : Software caused connection abort"
+)
+CRASH_TEXT = (
+    "torch.AcceleratorError: CUDA error: an illegal memory access was encountered\n"
+    "CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace "
+    "below might be incorrect.\nFor debugging consider passing CUDA_LAUNCH_BLOCKING=1"
+)
+
+
+def scheduler_exception(phase: str, message: str) -> str:
+    """``Scheduler hit an exception: Traceback ...`` as a scheduler logs it."""
+    lines = ["Scheduler hit an exception: Traceback (most recent call last):"]
+    for path, line, func, code in FRAMES[phase]:
+        lines.append(f'  File "{SITE}/{path}", line {line}, in {func}')
+        lines.append(f"    {code}")
+    lines.append(message.rstrip("\n"))
+    return "\n".join(lines)
+
+
+def os_error_tail(what: str, e: OSError) -> list[str]:
+    """The launcher's traceback when binding a port failed."""
+    frames = {
+        "http": [("entrypoints/http_server.py", 1521, "launch_server", "uvicorn.run("),
+                 ("asyncio/base_events.py", 1536, "create_server", "sock.bind(sa)")],
+        "bootstrap": [("disaggregation/common/conn.py", 412, "_run_server",
+                       "self._loop.run_until_complete(self._runner.setup())"),
+                      ("asyncio/base_events.py", 1536, "create_server", "sock.bind(sa)")],
+    }[what]
+    lines = ["Traceback (most recent call last):"]
+    for path, line, func, code in frames:
+        lines += [f'  File "{SITE}/{path}", line {line}, in {func}', f"    {code}"]
+    lines.append(f"OSError: [Errno {e.errno}] {e.strerror or e}")
+    return ["\n".join(lines)]
+
+
+def gb(n: float) -> str:
+    return f"{n / GIB:.2f}"
+
+
+# ---------------------------------------------------------------------------------- settings
+
+
+def settings_from(ns: argparse.Namespace) -> EngineSettings:
+    g = ns.__dict__.get
+
+    def opt_int(key: str) -> int | None:
+        v = g(key)
+        return None if v is None else as_int(v, 0)
+
+    graph_bs = opt_int("cuda_graph_max_bs_decode")
+    if graph_bs is None:
+        graph_bs = opt_int("cuda_graph_max_bs")
+    algo = g("speculative_algorithm")
+    if isinstance(algo, str) and algo.upper() == "NEXTN":
+        algo = "EAGLE"
+    frac = g("mem_fraction_static")
+    return EngineSettings(
+        tp=max(1, as_int(g("tp_size"), 1)),
+        pp=max(1, as_int(g("pp_size"), 1)),
+        base_gpu_id=as_int(g("base_gpu_id"), 0),
+        gpu_id_step=max(1, as_int(g("gpu_id_step"), 1)),
+        mem_fraction_static=None if frac is None else as_float(frac, 0.8),
+        chunked_prefill_size=opt_int("chunked_prefill_size"),
+        max_prefill_tokens=as_int(g("max_prefill_tokens"), 16384),
+        max_running_requests=opt_int("max_running_requests"),
+        max_total_tokens=opt_int("max_total_tokens"),
+        context_length=opt_int("context_length"),
+        cuda_graph_max_bs=graph_bs,
+        disable_cuda_graph=bool(g("disable_cuda_graph"))
+        or g("cuda_graph_backend_decode") == "disabled",
+        speculative_algorithm=str(algo) if algo else None,
+        kv_cache_dtype=str(g("kv_cache_dtype") or "auto"),
+        mamba_strategy=str(g("mamba_radix_cache_strategy") or g("mamba_scheduler_strategy") or "auto"),
+    )
+
+
+def visible_devices(gpus: list[Any] | None) -> list[int] | None:
+    """CUDA_VISIBLE_DEVICES as NVML indices (UUIDs resolved); None when unset."""
+    raw_env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if raw_env is None:
+        return None
+    out: list[int] = []
+    for item in raw_env.split(","):
+        item = item.strip()
+        if item.isdigit():
+            out.append(int(item))
+        elif item.startswith("GPU-") and gpus:
+            match = [g.index for g in gpus if g.uuid == item]
+            if not match:
+                break
+            out.append(match[0])
+        else:
+            break  # CUDA stops at the first invalid entry
+    return out
+
+
+def make_plan(ns: argparse.Namespace, s: EngineSettings) -> EnginePlan:
+    inventory = load_gpus()
+    gpus = inventory[1] if inventory else []
+    totals = {g.index: g.memory_total_bytes for g in gpus}
+    per_rank = resolve_gpus(visible_devices(gpus or None), s, totals, default_gpu_bytes())
+    others: dict[int, int] = {}
+    for rec in live_records(exclude=[os.getpid()]):
+        others[rec["gpu"]] = others.get(rec["gpu"], 0) + rec["used_bytes"]
+    weights_env = os.environ.get("SGLANG_STANDIN_WEIGHTS_GIB")
+    kv_env = os.environ.get("SGLANG_STANDIN_KV_BYTES_PER_TOKEN")
+    model = read_model_info(
+        str(ns.model_path), as_float(weights_env, 16.0) if weights_env else None,
+        as_int(kv_env, 65536) if kv_env else None, s.tp, s.kv_cache_dtype)
+    return plan_engine(s, model, per_rank, others,
+                       graph_mib_per_bs=env_float("SGLANG_STANDIN_GRAPH_MIB_PER_BS", 4.0))
+
+
+# ------------------------------------------------------------------------------------ scripts
+
+
+def rank_script(plan: EnginePlan, rank: int, flt: str, k: float) -> dict[str, Any]:
+    """What rank ``rank`` prints, holds and signals, in order (see worker.py for the ops)."""
+    rp = plan.ranks[rank]
+    tp = plan.settings.tp
+    acts: list[dict[str, Any]] = []
+    fail = plan.failure if plan.failure and plan.failure.rank == rank else None
+    victim = 1 if tp > 1 else 0  # the rank that worker-dies / nccl-error hit
+
+    def log(text: str, elapsed: bool = False) -> None:
+        acts.append({"op": "log", "text": text, "elapsed": elapsed})
+
+    def sleep(s: float) -> None:
+        if s > 0:
+            acts.append({"op": "sleep", "s": s})
+
+    def die(phase: str, message: str) -> dict[str, Any]:
+        acts.append({"op": "fail", "text": scheduler_exception(phase, message), "code": 1})
+        return {"rank": rank, "gpu": rp.physical_gpu if rp.physical_gpu is not None else -1,
+                "tag": f"TP{rank}", "actions": acts}
+
+    def done() -> dict[str, Any]:
+        return {"rank": rank, "gpu": rp.physical_gpu if rp.physical_gpu is not None else -1,
+                "tag": f"TP{rank}", "actions": acts, "ignore_sigterm": flt == "ignore-sigterm",
+                "crash_text": scheduler_exception("run", CRASH_TEXT)}
+
+    if flt == "leak-worker" and rank == tp - 1:
+        acts.append({"op": "leak"})
+    used = CUDA_CONTEXT_BYTES
+    acts.append({"op": "mem", "bytes": used})
+    sleep(T_INIT * k)
+    if fail and fail.phase == "init":
+        return die("init", fail.message)
+    if flt == "nccl-error" and rank == victim:
+        sleep(T_INIT * k)
+        return die("nccl", NCCL_TEXT)
+
+    log(f"Load weight begin. avail mem={gb(plan.avail_before)} GB")
+    acts.append({"op": "mark"})
+    if flt == "silent-exit" and rank == 0:
+        sleep(T_WEIGHTS * k / 2)
+        acts.append({"op": "send", "msg": "silent"})
+        acts.append({"op": "hang"})
+        return done()
+    if (fail and fail.phase == "weights") or (flt == "weights-oom" and rank == 0):
+        sleep(T_WEIGHTS * k / 2)
+        part = plan.weights_per_rank // 2
+        acts.append({"op": "mem", "bytes": used + part})
+        message = fail.message if fail else torch_oom(
+            min(plan.weights_per_rank, 2 * GIB), rp, plan.avail_before - part - GIB)
+        return die("weights", message)
+    sleep(T_WEIGHTS * k)
+    used += plan.weights_per_rank
+    acts.append({"op": "mem", "bytes": used})
+    log(f"Load weight end. elapsed={{elapsed}} s, type={plan.model.model_class}, "
+        f"avail mem={gb(plan.avail_after_weights)} GB, mem usage={gb(plan.weights_per_rank)} GB.",
+        elapsed=True)
+    acts.append({"op": "send", "msg": "weights"})
+
+    sleep(T_KV * k)
+    if (fail and fail.phase == "kv") or (flt == "kv-not-enough" and rank == 0):
+        return die("kv", "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static.")
+    if (fail and fail.phase == "mamba") or (flt == "mamba-oom" and rank == 0):
+        return die("mamba", fail.message if fail else (
+            "RuntimeError: Not enough GPU memory for hybrid (mamba/linear-attention) state cache. "
+            "Reduce --max-running-requests or increase --mem-fraction-static."))
+    used += plan.kv_pool_bytes + plan.mamba_bytes + plan.req_to_token_bytes
+    acts.append({"op": "mem", "bytes": used})
+    tokens = plan.max_total_num_tokens
+    if plan.model.mla:
+        log(f"KV Cache is allocated. #tokens: {tokens}, KV size: {gb(plan.kv_pool_bytes)} GB")
+    else:
+        half = plan.kv_pool_bytes / 2
+        log(f"KV Cache is allocated. #tokens: {tokens}, K size: {gb(half)} GB, V size: {gb(half)} GB")
+    if plan.model.hybrid and plan.mamba_bytes:
+        conv = plan.mamba_bytes * 0.05
+        log(f"Mamba Cache is allocated. max_mamba_cache_size: {plan.max_mamba_cache_size}, "
+            f"conv_state size: {gb(conv)}GB, ssm_state size: {gb(plan.mamba_bytes - conv)}GB")
+    log(f"Memory pool end. avail mem={gb(plan.avail_after_pool)} GB")
+
+    sizes = plan.graph_batch_sizes
+    if sizes:
+        log("Capture cuda graph begin. This can take up to several minutes. "
+            f"avail mem={gb(plan.avail_after_pool)} GB")
+        acts.append({"op": "mark"})
+        if flt == "hang":
+            acts.append({"op": "hang"})
+            return done()
+        n = len(sizes)
+        fail_at = n // 2 if ((fail and fail.phase == "graph") or (flt == "oom-graph" and rank == 0)) else -1
+        die_at = n // 2 if (flt == "worker-dies" and rank == victim) else -1
+        shown = {max(1, round(n * j / 8)) for j in range(1, 9)}
+        for i, bs in enumerate(reversed(sizes), start=1):
+            sleep(T_GRAPH * k / n)
+            if i == fail_at:
+                if fail:
+                    return die("graph", fail.message)
+                free = plan.avail_after_pool - plan.graph_bytes * i // n
+                return die("graph", "Exception: " + graph_oom_text(int(7.5 * GIB), rp, free))
+            if i == die_at:
+                acts.append({"op": "die", "signal": int(signal.SIGKILL)})
+            if rank == 0 and i in shown:
+                avail = plan.avail_after_pool - plan.graph_bytes * (i - 1) // n
+                pct = 100 * i // n
+                bar = ("█" * (pct // 10)).ljust(10)
+                acts.append({"op": "log", "raw": True, "text": (
+                    f"Capturing batches (bs={bs} avail_mem={gb(avail)} GB): {pct:3d}%|{bar}| {i}/{n} "
+                    f"[00:00<00:00, {n / max(T_GRAPH * k, 0.01):.2f}it/s]")})
+        used += plan.graph_bytes
+        acts.append({"op": "mem", "bytes": used})
+        log(f"Capture cuda graph end. Time elapsed: {{elapsed}} s. mem usage={gb(plan.graph_bytes)} GB. "
+            f"avail mem={gb(plan.avail_after_graph)} GB.", elapsed=True)
+    if rank == 0:
+        log(f"max_total_num_tokens={tokens}, chunked_prefill_size={plan.chunked_prefill_size}, "
+            f"max_prefill_tokens={plan.settings.max_prefill_tokens}, "
+            f"max_running_requests={plan.max_running_requests}, context_len={plan.context_len}, "
+            f"available_gpu_mem={gb(plan.avail_after_graph)} GB")
+    acts.append({"op": "send", "msg": "ready"})
+    return done()
+
+
+# ------------------------------------------------------------------------------------- engine
+
+
+class Rank:
+    def __init__(self, rank: int, proc: subprocess.Popen[bytes], status_r: int,
+                 events: queue.Queue[tuple[int, str | None]]) -> None:
+        self.rank = rank
+        self.proc = proc
+        self.errored = False
+        self.eof = threading.Event()
+        self.thread = threading.Thread(target=self._read, args=(status_r, events), daemon=True)
+        self.thread.start()
+
+    def _read(self, fd: int, events: queue.Queue[tuple[int, str | None]]) -> None:
+        with os.fdopen(fd, "rb") as f:
+            for line in f:
+                msg = line.decode(errors="replace").strip()
+                if msg == "error":
+                    self.errored = True
+                events.put((self.rank, msg))
+        self.eof.set()
+        events.put((self.rank, None))
+
+    def command(self, cmd: str) -> None:
+        try:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write((cmd + "\n").encode())
+            self.proc.stdin.flush()
+        except (OSError, ValueError):
+            pass
+
+
+def _src_root() -> str:
+    return str(Path(__file__).resolve().parents[2])
+
+
+class Engine:
+    def __init__(self, ns: argparse.Namespace, version: str) -> None:
+        self.ns = ns
+        self.version = version
+        self.settings = settings_from(ns)
+        self.fault = fault()
+        self.k = speed()
+        self.host = str(ns.host or "127.0.0.1")
+        self.port = as_int(ns.port, 30000)
+        self.mode = str(ns.__dict__.get("disaggregation_mode") or "null")
+        self.events: queue.Queue[tuple[int, str | None]] = queue.Queue()
+        self.ranks: list[Rank] = []
+        self.stop = threading.Event()
+        self.httpd: api.QuietServer | None = None
+        self.bootstrap: api.QuietServer | None = None
+        self.plan = make_plan(ns, self.settings)
+        served = ns.__dict__.get("served_model_name") or ns.model_path
+        args = {k: _jsonable(v) for k, v in vars(ns).items()}
+        args.update({"tp_size": self.settings.tp, "port": self.port, "host": self.host,
+                     "mem_fraction_static": self.plan.mem_fraction_static,
+                     "chunked_prefill_size": self.plan.chunked_prefill_size,
+                     "max_running_requests": self.plan.max_running_requests,
+                     "context_length": self.plan.context_len,
+                     "served_model_name": served, "disaggregation_mode": self.mode})
+        self.state = api.EngineState(
+            served_model_name=str(served), mode=self.mode, version=version,
+            context_len=self.plan.context_len, max_total_num_tokens=self.plan.max_total_num_tokens,
+            server_args=args, model_type=self.plan.model.model_type,
+            architectures=[self.plan.model.model_class])
+
+    # ---------------------------------------------------------------------------- lifecycle
+
+    def spawn(self) -> None:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (_src_root(), env.get("PYTHONPATH")) if p)
+        for rank in range(self.settings.tp):
+            script = rank_script(self.plan, rank, self.fault, self.k)
+            r_fd, w_fd = os.pipe()
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "gpudeploy.standin.worker", "--rank", str(rank),
+                 "--status-fd", str(w_fd)],
+                stdin=subprocess.PIPE, pass_fds=(w_fd,), env=env)
+            os.close(w_fd)
+            assert proc.stdin is not None
+            proc.stdin.write(json.dumps(script).encode() + b"\n")
+            proc.stdin.flush()
+            self.ranks.append(Rank(rank, proc, r_fd, self.events))
+
+    def kill_workers(self, sig: int = signal.SIGKILL, grace: float = 0.0) -> None:
+        for r in self.ranks:
+            if r.proc.poll() is None:
+                with contextlib.suppress(OSError):
+                    r.proc.send_signal(sig)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and any(r.proc.poll() is None for r in self.ranks):
+            time.sleep(0.01)
+        for r in self.ranks:
+            if r.proc.poll() is None:
+                r.proc.kill()
+            try:
+                r.proc.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                continue
+            if r.proc.returncode < 0:
+                remove_record(r.proc.pid)  # a killed child cannot tidy up; we do, like the driver
+
+    def close_servers(self) -> None:
+        for srv in (self.httpd, self.bootstrap):
+            if srv is not None:
+                srv.shutdown()
+                srv.server_close()
+
+    def fail(self, *lines: str) -> int:
+        """Die like SGLang's launcher after a child failed: log, kill the tree, exit 1."""
+        for line in lines:
+            emit(line)
+        self.state.phase = "shutting_down"
+        self.kill_workers()
+        self.close_servers()
+        return 1
+
+    def serve(self, host: str, port: int, handler: type[api.BaseHandler]) -> api.QuietServer | OSError:
+        """Start a server in a thread, or return the bind error."""
+        try:
+            if self.fault == "port-in-use" and port == self.port:
+                raise OSError(errno.EADDRINUSE, os.strerror(errno.EADDRINUSE))
+            srv = api.QuietServer(host, port, handler)
+        except OSError as e:
+            return e
+        threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        return srv
+
+    @staticmethod
+    def bind_error(host: str, port: int, e: OSError) -> str:
+        """uvicorn's wording."""
+        return (f"[Errno {e.errno}] error while attempting to bind on address ('{host}', {port}): "
+                f"{(e.strerror or str(e)).lower()}")
+
+    def start_bootstrap(self) -> OSError | None:
+        port = as_int(self.ns.__dict__.get("disaggregation_bootstrap_port"), 8998)
+        srv = self.serve(self.host, port, BootstrapHandler)
+        if isinstance(srv, OSError):
+            emit(f"ERROR: {self.bind_error(self.host, port, srv)}")
+            return srv
+        self.bootstrap = srv
+        return None
+
+    def start_http(self) -> OSError | None:
+        raw(f"INFO:     Started server process [{os.getpid()}]")
+        raw("INFO:     Waiting for application startup.")
+        raw("INFO:     Application startup complete.")
+        srv = self.serve(self.host, self.port, api.make_engine_handler(self.state))
+        if isinstance(srv, OSError):
+            raw(f"ERROR:    {self.bind_error(self.host, self.port, srv)}")
+            raw("INFO:     Waiting for application shutdown.")
+            raw("INFO:     Application shutdown complete.")
+            return srv
+        self.httpd = srv
+        shown = f"[{self.host}]" if ":" in self.host else self.host
+        raw(f"INFO:     Uvicorn running on http://{shown}:{self.port} (Press CTRL+C to quit)")
+        return None
+
+    def shutdown(self) -> int:
+        self.state.phase = "shutting_down"
+        if self.httpd is not None:
+            raw("INFO:     Shutting down")
+            raw("INFO:     Waiting for application shutdown.")
+            raw("INFO:     Application shutdown complete.")
+            raw(f"INFO:     Finished server process [{os.getpid()}]")
+        self.close_servers()
+        self.kill_workers(signal.SIGTERM, grace=0.5)
+        return 0
+
+    def run(self) -> int:
+        emit(f"server_args=ServerArgs({_args_repr(self.ns)})")
+        self.spawn()
+        tp = self.settings.tp
+        weights: set[int] = set()
+        ready: set[int] = set()
+        warm_until: float | None = None
+        crash_at: float | None = None
+        crashed = False
+        while True:
+            if self.stop.is_set():
+                return self.shutdown()
+            try:
+                rank, msg = self.events.get(timeout=0.02)
+            except queue.Empty:
+                rank, msg = -1, None
+            if msg == "silent":
+                self.kill_workers()
+                return 1
+            if msg == "weights":
+                weights.add(rank)
+                if len(weights) == tp and self.mode == "prefill":
+                    err = self.start_bootstrap()
+                    if err:
+                        return self.fail(*os_error_tail("bootstrap", err))
+            elif msg == "ready":
+                ready.add(rank)
+                if len(ready) == tp:
+                    err = self.start_http()
+                    if err:
+                        return self.fail(*os_error_tail("http", err))
+                    skip = bool(self.ns.__dict__.get("skip_server_warmup"))
+                    warm_until = time.monotonic() + (0 if skip else T_WARMUP * self.k)
+            for r in self.ranks:
+                code = r.proc.poll()
+                if code is None:
+                    continue
+                r.eof.wait(0.3)
+                self._drain()
+                if r.errored:
+                    return self.fail("Received sigquit from a child process. It usually means the child "
+                                     "failed.")
+                return self.fail(f"Rank {r.rank} scheduler is dead. Please check if there are relevant logs.",
+                                 f"Child process unexpectedly failed with exitcode={code}. pid={r.proc.pid}")
+            now = time.monotonic()
+            if warm_until is not None and now >= warm_until and self.state.phase == "warmup":
+                if self.fault == "hang-warmup":
+                    warm_until = None
+                    continue
+                self.state.phase = "ready"
+                emit("The server is fired up and ready to roll!", "TP0")
+                if self.fault == "crash-after-ready":
+                    crash_at = now + env_float("SGLANG_STANDIN_FAULT_AFTER", 1.0)
+            if crash_at is not None and not crashed and now >= crash_at:
+                crashed = True
+                self.ranks[0].command("crash")
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                self.events.get_nowait()
+            except queue.Empty:
+                return
+
+
+class BootstrapHandler(api.BaseHandler):
+    """The prefill server's KV bootstrap endpoint: answers, never used for real transfers here."""
+
+    def do_GET(self) -> None:
+        if self.path.startswith("/health"):
+            self.send_bytes(200, b"OK", "text/plain")
+        elif self.path.startswith("/route"):
+            self.send_json(200, {})
+        else:
+            self.send_json(404, {"detail": "Not Found"})
+
+    def do_PUT(self) -> None:
+        self.read_body()
+        self.send_bytes(200, b"OK", "text/plain")
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, str):
+        for conv in (int, float):
+            try:
+                return conv(v)
+            except ValueError:
+                pass
+    return v
+
+
+def _args_repr(ns: argparse.Namespace) -> str:
+    return ", ".join(f"{k}={_jsonable(v)!r}" for k, v in sorted(vars(ns).items()) if v is not None)
+
+
+def main(argv: list[str] | None = None) -> int:
+    version = os.environ.get("SGLANG_STANDIN_VERSION") or DEFAULT_VERSION
+    try:
+        parser = build_parser("sglang", version, prog=None, required=["--model-path"])
+    except KeyError:
+        print(f"sglang stand-in: no captured flags for sglang {version}", file=sys.stderr)
+        return 2
+    ns = parser.parse_args(argv)
+    engine = Engine(ns, version)
+
+    def on_term(signum: int, frame: object) -> None:
+        engine.state.phase = "shutting_down"
+        engine.stop.set()
+
+    if engine.fault == "ignore-sigterm":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    else:
+        signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+    return engine.run()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
