@@ -1,0 +1,198 @@
+"""Measured memory figures from an SGLang run, and a small JSON store for them.
+
+:func:`parse_memory_log` turns the engine's startup log lines (see the reference's "Log lines in
+startup order"; SGLang's "GB" there is GiB) into a :class:`Measured`. Only rank 0's lines are used
+when lines carry a ``TPn`` tag. :class:`CalibrationStore` keeps one ``Measured`` per
+host + model + settings in a JSON file; ``memory.budget(..., measured=...)`` prefers those numbers
+over its estimates and reports both.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+# phases in startup order; ``phase_reached`` is the last one seen
+PHASES = ("start", "loading-weights", "weights-loaded", "kv-allocated", "memory-pool",
+          "graph-capture", "graphs-captured", "ready")
+
+
+@dataclass(frozen=True)
+class Measured:
+    """Figures read from one run's log (GiB per rank; None where the log did not say)."""
+
+    preload_free_gib: float | None = None       # Load weight begin. avail mem
+    weights_gib: float | None = None            # Load weight end. mem usage
+    after_load_avail_gib: float | None = None   # Load weight end. avail mem
+    kv_tokens: int | None = None                # KV Cache is allocated. #tokens
+    kv_gib: float | None = None                 # K + V size (or MLA KV size)
+    mamba_slots: int | None = None              # max_mamba_cache_size
+    state_gib: float | None = None              # conv_state + ssm_state size
+    pool_end_avail_gib: float | None = None     # Memory pool end. avail mem
+    graph_gib: float | None = None              # sum of "Capture ... graph end ... mem usage"
+    graph_end_avail_gib: float | None = None
+    max_running_requests: int | None = None
+    oom_tried_gib: float | None = None          # "Tried to allocate X"
+    oom_free_gib: float | None = None           # "... of which Y is free"
+    failure: str | None = None                  # a memory.py verdict, or "other"
+    phase_reached: str = "start"
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Measured:
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+_NUM = r"([0-9]+(?:\.[0-9]+)?)"
+_RANK = re.compile(r"\bTP(\d+)\b")
+_SIZE_UNITS = {"B": 1 / (1 << 30), "KiB": 1 / (1 << 20), "MiB": 1 / 1024, "GiB": 1.0, "TiB": 1024.0,
+               "KB": 1 / (1 << 20), "MB": 1 / 1024, "GB": 1.0}
+
+
+def _size(value: str, unit: str) -> float:
+    return float(value) * _SIZE_UNITS[unit]
+
+
+_PATTERNS: list[tuple[str, re.Pattern[str]]] = [
+    ("load_begin", re.compile(r"Load weight begin\..*?avail mem=" + _NUM)),
+    ("load_end", re.compile(r"Load weight end\..*?avail mem=" + _NUM + r"\s*GB, mem usage=" + _NUM)),
+    ("kv", re.compile(r"KV Cache is allocated\. #tokens: (\d+), (?:K size: " + _NUM
+                      + r"\s*GB, V size: " + _NUM + r"|KV size: " + _NUM + r")")),
+    ("mamba", re.compile(r"Mamba Cache is allocated\. max_mamba_cache_size: (\d+), conv_state size: "
+                         + _NUM + r"\s*GB, ssm_state size: " + _NUM)),
+    ("pool_end", re.compile(r"Memory pool end\. avail mem=" + _NUM)),
+    ("graph_begin", re.compile(r"Capture .*?graph begin")),
+    ("graph_end", re.compile(r"Capture .*?graph end\..*?mem usage=" + _NUM + r"\s*GB\. avail mem=" + _NUM,
+                             re.IGNORECASE)),
+    ("summary", re.compile(r"max_total_num_tokens=(\d+),.*?max_running_requests=(\d+)")),
+    ("ready", re.compile(r"The server is fired up and ready to roll")),
+    ("graph_failed", re.compile(r"Capture cuda graph failed|Capture .*graph failed", re.IGNORECASE)),
+    ("tried", re.compile(r"Tried to allocate " + _NUM + r" (B|KiB|MiB|GiB|TiB)")),
+    ("free", re.compile(r"of which " + _NUM + r" (B|KiB|MiB|GiB|TiB) is free")),
+    ("kv_empty", re.compile(r"Not enough memory\. Please try to increase --mem-fraction-static"
+                            r"|Loaded weights leave no GPU memory for the KV cache")),
+    ("mamba_fail", re.compile(r"Not enough GPU memory for hybrid|Hybrid \(mamba/linear-attention\) "
+                              r"state cache is too small")),
+    ("cuda_oom", re.compile(r"CUDA out of memory|OutOfMemoryError")),
+]
+
+
+def parse_memory_log(lines: Iterable[str]) -> Measured:
+    """Read one run's startup log into measured figures (rank 0 only where ranks are tagged)."""
+    v: dict[str, Any] = {}
+    phase = 0
+    graph_total = 0.0
+    graph_seen = False
+    failure: str | None = None
+
+    def reach(name: str) -> None:
+        nonlocal phase
+        phase = max(phase, PHASES.index(name))
+
+    for raw in lines:
+        line = raw.rstrip("\n")
+        rank = _RANK.search(line[:120])
+        if rank and rank.group(1) != "0":
+            continue
+        for kind, pat in _PATTERNS:
+            m = pat.search(line)
+            if not m:
+                continue
+            if kind == "load_begin":
+                v.setdefault("preload_free_gib", float(m.group(1)))
+                reach("loading-weights")
+            elif kind == "load_end":
+                v["after_load_avail_gib"] = float(m.group(1))
+                v["weights_gib"] = float(m.group(2))
+                reach("weights-loaded")
+            elif kind == "kv":
+                v["kv_tokens"] = int(m.group(1))
+                v["kv_gib"] = (float(m.group(2)) + float(m.group(3))) if m.group(2) else float(m.group(4))
+                reach("kv-allocated")
+            elif kind == "mamba":
+                v["mamba_slots"] = int(m.group(1))
+                v["state_gib"] = float(m.group(2)) + float(m.group(3))
+            elif kind == "pool_end":
+                v["pool_end_avail_gib"] = float(m.group(1))
+                reach("memory-pool")
+            elif kind == "graph_begin":
+                reach("graph-capture")
+            elif kind == "graph_end":
+                graph_total += float(m.group(1))
+                graph_seen = True
+                v["graph_end_avail_gib"] = float(m.group(2))
+                reach("graphs-captured")
+            elif kind == "summary":
+                v["max_running_requests"] = int(m.group(2))
+            elif kind == "ready":
+                reach("ready")
+            elif kind == "graph_failed":
+                failure = "oom-in-graph-capture"
+            elif kind == "tried":
+                v["oom_tried_gib"] = _size(m.group(1), m.group(2))
+            elif kind == "free":
+                v["oom_free_gib"] = _size(m.group(1), m.group(2))
+            elif kind == "kv_empty":
+                failure = failure or "kv-pool-empty"
+            elif kind == "mamba_fail":
+                failure = failure or "mamba-state-does-not-fit"
+            elif kind == "cuda_oom" and failure is None:
+                if PHASES[phase] == "loading-weights":
+                    failure = "weights-do-not-fit"
+                elif PHASES[phase] in ("graph-capture", "memory-pool"):
+                    failure = "oom-in-graph-capture"
+                else:
+                    failure = "other"
+    if graph_seen:
+        v["graph_gib"] = round(graph_total, 4)
+    if failure is None and phase < PHASES.index("ready") and v.get("oom_tried_gib") is not None:
+        failure = "other"
+    return Measured(failure=failure, phase_reached=PHASES[phase], **v)
+
+
+def calibration_key(host: str, model: str, settings: Mapping[str, Any]) -> str:
+    """Stable key for host + model + the settings that shape memory."""
+    blob = json.dumps({"host": host, "model": model, "settings": dict(settings)},
+                      sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+class CalibrationStore:
+    """Measured figures per host + model + settings, in one JSON file at ``path``."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    def _load(self) -> dict[str, Any]:
+        if not self.path.exists():
+            return {}
+        try:
+            data = json.loads(self.path.read_text())
+        except (OSError, json.JSONDecodeError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def get(self, host: str, model: str, settings: Mapping[str, Any]) -> Measured | None:
+        entry = self._load().get(calibration_key(host, model, settings))
+        if not isinstance(entry, dict) or not isinstance(entry.get("measured"), dict):
+            return None
+        return Measured.from_json(entry["measured"])
+
+    def put(self, host: str, model: str, settings: Mapping[str, Any], measured: Measured) -> None:
+        data = self._load()
+        data[calibration_key(host, model, settings)] = {
+            "host": host, "model": model, "settings": {k: settings[k] for k in sorted(settings)},
+            "measured": measured.to_json(),
+        }
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(self.path.suffix + ".tmp")
+        tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+        tmp.replace(self.path)
