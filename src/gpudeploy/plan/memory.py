@@ -341,7 +341,6 @@ class _Cal:
     preload_free_gib: float | None = None
     weights_gib: float | None = None
     graph_scale: float = 1.0
-    pool_end_avail_gib: float | None = None   # only valid for the measured settings themselves
 
 
 # ---- the model -------------------------------------------------------------------------------
@@ -451,9 +450,6 @@ def _evaluate(cap: float, model: ModelFacts, s: EngineSettings, cal: _Cal) -> Bu
         br["deepep_buffers"] = DEEPEP_GIB
     br["misc"] = MISC_GIB
     available = (1 - f) * p
-    if cal.pool_end_avail_gib is not None:
-        available = cal.pool_end_avail_gib
-        br["req_to_token"] = 0.0     # already allocated when "Memory pool end" was logged
     needed = sum(br.values())
     common = dict(kv_pool_gib=kv_pool, kv_tokens=tokens, state_gib=state_gib, state_slots=slots,
                   running_requests=running, headroom_needed_gib=needed, headroom_breakdown=br,
@@ -546,7 +542,7 @@ def _recommend(cap: float, model: ModelFacts, s: EngineSettings, cal: _Cal,
         if found:
             new, b = found[0]
             return _changes(s, new), None, f"{b.kv_tokens} KV tokens, {b.running_requests} running requests"
-    scale_only = replace(cal, preload_free_gib=None, weights_gib=None, pool_end_avail_gib=None)
+    scale_only = replace(cal, preload_free_gib=None, weights_gib=None)
     tp = s.tp_size
     while tp < 64:
         tp *= 2
@@ -577,6 +573,9 @@ def _calibration(cap: float, model: ModelFacts, s: EngineSettings, measured: Mea
         # at the failure: used so far = available - free; it wanted `tried` more
         available = (measured.pool_end_avail_gib if measured.pool_end_avail_gib is not None
                      else predicted.headroom_available_gib)
+        if measured.pool_end_avail_gib is not None:
+            # "Memory pool end" is logged after the req-to-token table is allocated
+            available += predicted.headroom_breakdown.get("req_to_token", 0.0)
         lower_bound = available - measured.oom_free_gib + measured.oom_tried_gib
         others = predicted.headroom_needed_gib - graphs
         if lower_bound > predicted.headroom_needed_gib:
@@ -585,12 +584,18 @@ def _calibration(cap: float, model: ModelFacts, s: EngineSettings, measured: Mea
 
 
 def budget(gpu_capacity_gib: float, model: ModelFacts, settings: EngineSettings,
-           measured: Measured | None = None) -> Budget:
-    """Predict the startup outcome of one rank and, when it fails, what would make it fit."""
+           measured: Measured | None = None, measured_settings: EngineSettings | None = None) -> Budget:
+    """Predict the startup outcome of one rank and, when it fails, what would make it fit.
+
+    ``measured`` is what a previous run of this model on this GPU logged, under
+    ``measured_settings`` (default: ``settings``). Its preload free memory and weights replace
+    the estimates; its CUDA-graph usage (or OOM "Tried to allocate X ... Y free") rescales the
+    graph estimate for every setting, so recommendations use it too.
+    """
     if gpu_capacity_gib <= 0 or not math.isfinite(gpu_capacity_gib):
         raise InputError([Problem(message=f"GPU capacity must be positive, got {gpu_capacity_gib}",
                                   key="gpu_capacity_gib")])
-    cal = _calibration(gpu_capacity_gib, model, settings, measured)
+    cal = _calibration(gpu_capacity_gib, model, measured_settings or settings, measured)
     b = _evaluate(gpu_capacity_gib, model, settings, cal)
     if measured is not None:
         cmp: dict[str, Any] = {}
@@ -608,17 +613,15 @@ def budget(gpu_capacity_gib: float, model: ModelFacts, settings: EngineSettings,
         b = replace(b, measured=cmp)
     if b.verdict == "fits":
         return b
-    # the recommendation search may change settings, so the measured free memory at
-    # "Memory pool end" no longer applies; weights, P and the graph scale still do
-    rec, more, msg = _recommend(gpu_capacity_gib, model, settings, replace(cal, pool_end_avail_gib=None),
-                                b.verdict)
+    rec, more, msg = _recommend(gpu_capacity_gib, model, settings, cal, b.verdict)
     return replace(b, recommended=rec, needs_more_gpus=more, message=msg)
 
 
 def suggest(gpu_capacity_gib: float, model: ModelFacts, settings: EngineSettings,
-            measured: Measured | None = None, limit: int = 8) -> list[Suggestion]:
+            measured: Measured | None = None, measured_settings: EngineSettings | None = None,
+            limit: int = 8) -> list[Suggestion]:
     """Settings that fit, best first: speculative kept, larger graph batch, more KV tokens."""
-    cal = replace(_calibration(gpu_capacity_gib, model, settings, measured), pool_end_avail_gib=None)
+    cal = _calibration(gpu_capacity_gib, model, measured_settings or settings, measured)
     found = _search(gpu_capacity_gib, model, settings, cal, _min_kv(model, settings))
     out: list[Suggestion] = []
     for new, b in found:
