@@ -49,13 +49,19 @@ class BaseHandler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         pass
 
+    # A request line that is not HTTP/1.x (garbage, TLS) gets a proper "HTTP/1.1 400" like uvicorn,
+    # not argparse-era HTTP/0.9 bare HTML.
+    default_request_version = "HTTP/1.0"
+
     def parse_request(self) -> bool:
         # gRPC probes send the HTTP/2 preface ("PRI * HTTP/2.0"): answer 400 and hang up.
-        if getattr(self, "raw_requestline", b"").startswith(b"PRI * HTTP/2"):
+        line = getattr(self, "raw_requestline", b"")
+        if line.startswith(b"PRI * HTTP/2"):
             self.command = None  # type: ignore[assignment]
             self.request_version = "HTTP/1.1"
+            self.requestline = line.decode("latin-1").rstrip("\r\n")
             self.close_connection = True
-            self.send_error(400, "HTTP/2 is not supported")
+            self.send_error(400, "Invalid HTTP request received.")
             return False
         return super().parse_request()
 

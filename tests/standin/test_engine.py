@@ -1,0 +1,337 @@
+"""The stand-in engine as seen from outside: flags, log lines, HTTP phases, processes, faults."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import socket
+import subprocess
+
+import pytest
+from standin_support import (
+    GPU_BYTES,
+    PYTHON,
+    REPO,
+    Lab,
+    alive,
+    children_of,
+    free_port,
+    http_get,
+    http_post,
+    session_of,
+    wait_for,
+)
+
+GIB = 1 << 30
+STAMP = r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d TP0\] "
+NUM = r"\d+\.\d\d"
+STARTUP_TP0 = [
+    rf"Load weight begin\. avail mem={NUM} GB$",
+    rf"Load weight end\. elapsed={NUM} s, type=LlamaForCausalLM, avail mem={NUM} GB, mem usage={NUM} GB\.$",
+    rf"KV Cache is allocated\. #tokens: \d+, K size: {NUM} GB, V size: {NUM} GB$",
+    rf"Memory pool end\. avail mem={NUM} GB$",
+    rf"Capture cuda graph begin\. This can take up to several minutes\. avail mem={NUM} GB$",
+    rf"Capture cuda graph end\. Time elapsed: {NUM} s\. mem usage={NUM} GB\. avail mem={NUM} GB\.$",
+    rf"max_total_num_tokens=\d+, chunked_prefill_size=\d+, max_prefill_tokens=\d+, "
+    rf"max_running_requests=\d+, context_len=\d+, available_gpu_mem={NUM} GB$",
+    r"The server is fired up and ready to roll!$",
+]
+
+
+def run_cli(lab: Lab, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([PYTHON, "-m", "sglang.launch_server", *args], env=lab.env(), cwd=REPO,
+                          capture_output=True, text=True, timeout=30)
+
+
+def test_unknown_flag_bad_choice_and_missing_model_exit_2_like_argparse(lab: Lab) -> None:
+    r = run_cli(lab, "--model-path", "m", "--foo")
+    assert r.returncode == 2
+    assert r.stderr.startswith("usage: launch_server.py")
+    assert r.stderr.rstrip().endswith("launch_server.py: error: unrecognized arguments: --foo")
+    r = run_cli(lab, "--model-path", "m", "--disaggregation-mode", "both")
+    assert r.returncode == 2
+    assert "argument --disaggregation-mode: invalid choice: 'both'" in r.stderr
+    r = run_cli(lab, "--tp-size", "2")
+    assert r.returncode == 2
+    assert "the following arguments are required: --model-path" in r.stderr
+    # flags renamed after 0.5.10 fail on 0.5.23, as argparse (abbreviations allowed) makes them
+    r = run_cli(lab, "--model-path", "m", "--mamba-scheduler-strategy", "auto")
+    assert r.returncode == 2 and "unrecognized arguments: --mamba-scheduler-strategy auto" in r.stderr
+    r = run_cli(lab, "--model-path", "m", "--cuda-graph-max-bs", "16")
+    assert r.returncode == 2
+    assert "ambiguous option: --cuda-graph-max-bs could match --cuda-graph-max-bs-decode" in r.stderr
+
+
+def test_startup_log_lines_in_order_with_sglang_formats_and_consistent_numbers(lab: Lab) -> None:
+    p, _ = lab.engine("--tensor-parallel-size", "2", "--mem-fraction-static", "0.8",
+                      "--cuda-graph-max-bs-decode", "64")
+    p.wait_line("The server is fired up and ready to roll!")
+    tp0 = [ln for ln in p.lines if re.match(STAMP, ln)]
+    assert len(tp0) == len(STARTUP_TP0), p.text
+    for line, pattern in zip(tp0, STARTUP_TP0, strict=True):
+        assert re.match(STAMP + pattern, line), (line, pattern)
+    # rank 1 logs its own lines too
+    assert any(re.search(r" TP1\] Capture cuda graph end\.", ln) for ln in p.lines)
+
+    # numbers follow the memory model: rest = f * P - W, tokens = rest / bytes per token
+    avail = float(re.search(r"Load weight begin\. avail mem=([\d.]+)", tp0[0])[1])  # type: ignore[index]
+    expect_p = (GPU_BYTES - 644_939_776 - 512 * (1 << 20)) / GIB
+    assert avail == pytest.approx(expect_p, abs=0.01)
+    assert "mem usage=8.00 GB." in tp0[1]  # 16 GiB over TP2
+    tokens = int(re.search(r"#tokens: (\d+)", tp0[2])[1])  # type: ignore[index]
+    assert tokens == int((0.8 * expect_p - 8) * GIB) // 65536 or abs(tokens - int((0.8 * expect_p - 8)
+                                                                                   * GIB / 65536)) <= 1
+    summary = tp0[6]
+    assert f"max_total_num_tokens={tokens}," in summary
+    assert "chunked_prefill_size=8192" in summary and "max_prefill_tokens=16384" in summary
+
+
+def test_http_phases_port_closed_then_503_then_ready(lab: Lab) -> None:
+    p, port = lab.engine(SGLANG_STANDIN_SPEED="0.4")
+    seen: list[tuple[str, int | None, int | None]] = []
+
+    def observe() -> bool:
+        health = http_get(port, "/health")
+        models = http_get(port, "/v1/models") if health else None
+        loaded = any("Load weight end" in ln for ln in p.lines)
+        seen.append(("loaded" if loaded else "loading", health and health[0], models and models[0]))
+        return bool(health) and health[0] == 200
+
+    wait_for(observe, timeout=15, interval=0.01)
+    states = [(h, m) for _, h, m in seen]
+    assert states[0] == (None, None)  # nothing listens while loading
+    assert all(h is None for phase, h, _ in seen if phase == "loading")
+    first_up = next(i for i, (h, _) in enumerate(states) if h is not None)
+    after = states[first_up:]
+    # once up: some 503s (warmup) with /v1/models already 200, then 200 for good
+    assert all(h in (503, 200) for h, _ in after)
+    assert after[-1][0] == 200
+    assert [h for h, _ in after] == sorted([h for h, _ in after], reverse=True)
+    warm = [m for h, m in after if h == 503]
+    assert warm and all(m == 200 for m in warm)
+
+
+def test_warmup_hang_keeps_health_503_while_info_endpoints_answer(lab: Lab) -> None:
+    p, port = lab.engine("--served-model-name", "llama-test",
+                         SGLANG_STANDIN_FAULT="hang-warmup")
+    p.wait_line("Uvicorn running on")
+    assert http_get(port, "/health") == (503, b"")
+    assert http_get(port, "/health_generate") == (503, b"")
+    status, body = http_get(port, "/v1/models")  # type: ignore[misc]
+    assert status == 200 and json.loads(body)["data"][0]["id"] == "llama-test"
+    for path in ("/model_info", "/get_model_info", "/server_info", "/get_server_info"):
+        status, body = http_get(port, path)  # type: ignore[misc]
+        info = json.loads(body)
+        assert status == 200
+        assert "model_path" not in info and "tokenizer_path" not in info, path
+    assert not any("ready to roll" in ln for ln in p.lines)
+    p.popen.send_signal(signal.SIGTERM)
+    assert p.wait_exit(3) == 0
+
+
+@pytest.fixture
+def ready_engine(lab: Lab) -> tuple[Lab, int]:
+    p, port = lab.engine("--tp-size", "2")
+    p.wait_line("ready to roll")
+    return lab, port
+
+
+def test_generate_is_deterministic_and_streams(ready_engine: tuple[Lab, int]) -> None:
+    _, port = ready_engine
+    req = {"text": "The capital of France is", "sampling_params": {"max_new_tokens": 12}}
+    s1, b1 = http_post(port, "/generate", req)
+    s2, b2 = http_post(port, "/generate", req)
+    assert s1 == s2 == 200
+    r1, r2 = json.loads(b1), json.loads(b2)
+    assert r1["text"] == r2["text"] and len(r1["text"].split()) == 12
+    assert r1["meta_info"]["completion_tokens"] == 12
+    other = json.loads(http_post(port, "/generate", {**req, "text": "Something else"})[1])
+    assert other["text"] != r1["text"]
+
+    status, body = http_post(port, "/generate", {**req, "stream": True})
+    events = [ln[6:] for ln in body.decode().splitlines() if ln.startswith("data: ")]
+    assert status == 200 and events[-1] == "[DONE]"
+    assert json.loads(events[-2])["text"] == r1["text"]
+
+    status, body = http_post(port, "/v1/completions", {"model": "x", "prompt": "hi", "max_tokens": 5})
+    comp = json.loads(body)
+    assert status == 200 and comp["object"] == "text_completion"
+    assert len(comp["choices"][0]["text"].split()) == 5
+    status, body = http_post(port, "/v1/chat/completions", {
+        "model": "x", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+    chat = json.loads(body)
+    assert status == 200 and chat["choices"][0]["message"]["role"] == "assistant"
+    assert http_post(port, "/generate", "not an object")[0] == 400
+
+
+def test_survives_http2_preface_and_garbage(ready_engine: tuple[Lab, int]) -> None:
+    _, port = ready_engine
+    for junk in (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x12\x04\x00\x00\x00\x00\x00",
+                 b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03garbage\r\n\r\n"):
+        with socket.create_connection(("127.0.0.1", port), timeout=3) as s:
+            s.sendall(junk)
+            reply = s.recv(4096)
+        assert reply.startswith(b"HTTP/1.1 400"), reply
+    assert http_get(port, "/health") == (200, b"")
+
+
+def test_one_worker_per_rank_on_the_visible_gpus_and_clean_sigterm(lab: Lab) -> None:
+    p, port = lab.engine("--tp-size", "2", "--base-gpu-id", "1", CUDA_VISIBLE_DEVICES="3,2,1,0")
+    p.wait_line("ready to roll")
+    kids = p.children()
+    assert len(kids) == 2
+    records = lab.records()
+    assert sorted(r["pid"] for r in records) == kids
+    assert sorted(r["gpu"] for r in records) == [1, 2]  # local devices 1, 2 -> physical 2, 1
+    assert all(r["used_bytes"] > 8 * GIB for r in records)
+
+    p.popen.send_signal(signal.SIGTERM)
+    assert p.wait_exit(2) == 0
+    wait_for(lambda: not any(alive(k) for k in kids), timeout=2)
+    assert lab.records() == []
+    assert http_get(port, "/health") is None
+
+
+def test_prefill_opens_bootstrap_port_after_weights(lab: Lab) -> None:
+    boot = free_port()
+    p, _ = lab.engine("--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", str(boot),
+                      "--disaggregation-transfer-backend", "mooncake")
+    p.wait_line("Load weight begin")
+    assert http_get(boot, "/health") is None or any("Load weight end" in ln for ln in p.lines)
+    p.wait_line("ready to roll")
+    assert http_get(boot, "/health") == (200, b"OK")
+
+
+# ------------------------------------------------------------------------------------ faults
+
+FAULT_TEXTS = {
+    "oom-graph": [
+        "Scheduler hit an exception: Traceback (most recent call last):",
+        "Exception: Capture cuda graph failed: CUDA out of memory. Tried to allocate 7.50 GiB. "
+        "GPU 0 has a total capacity of 139.80 GiB of which",
+        "Possible solutions:",
+        "1. set --mem-fraction-static to a smaller value (e.g., 0.8 or 0.7)",
+        "2. set --cuda-graph-max-bs to a smaller value (e.g., 16)",
+        "Received sigquit from a child process. It usually means the child failed.",
+    ],
+    "kv-not-enough": ["RuntimeError: Not enough memory. Please try to increase --mem-fraction-static."],
+    "weights-oom": ["torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. "
+                    "GPU 0 has a total capacity of 139.80 GiB"],
+    "mamba-oom": ["Not enough GPU memory for hybrid (mamba/linear-attention) state cache."],
+    "nccl-error": ["torch.distributed.DistBackendError: NCCL error in: ", "unhandled system error"],
+    "worker-dies": ["Rank 1 scheduler is dead. Please check if there are relevant logs.",
+                    "Child process unexpectedly failed with exitcode=-9. pid="],
+    "port-in-use": ["ERROR:    [Errno 98] error while attempting to bind on address ('127.0.0.1', ",
+                    "OSError: [Errno 98] Address already in use"],
+}
+
+
+@pytest.mark.parametrize("fault", sorted(FAULT_TEXTS))
+def test_fault_prints_sglang_text_and_exits_1_without_leftovers(lab: Lab, fault: str) -> None:
+    p, port = lab.engine("--tp-size", "2", SGLANG_STANDIN_FAULT=fault)
+    wait_for(lambda: p.children() or p.popen.poll() is not None, timeout=5)
+    assert p.wait_exit(10) == 1
+    for text in FAULT_TEXTS[fault]:
+        assert text in p.text, f"{text!r} missing in:\n{p.text}"
+    assert "ready to roll" not in p.text
+    wait_for(lambda: not any(alive(k) for k in p.known_children), timeout=3)
+    assert http_get(port, "/health") is None
+
+
+def test_silent_exit_says_nothing(lab: Lab) -> None:
+    p, _ = lab.engine(SGLANG_STANDIN_FAULT="silent-exit")
+    assert p.wait_exit(10) == 1
+    assert "Load weight begin" in p.text
+    assert not re.search(r"Error|Traceback|exception|dead", p.text)
+
+
+def test_port_really_in_use_fails_after_loading(lab: Lab) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        p, _ = lab.engine(port=port)
+        assert p.wait_exit(10) == 1
+    assert "Capture cuda graph end" in p.text
+    assert f"[Errno 98] error while attempting to bind on address ('127.0.0.1', {port})" in p.text
+
+
+def test_fraction_too_low_fails_naturally_with_not_enough_memory(lab: Lab) -> None:
+    p, _ = lab.engine("--mem-fraction-static", "0.05")
+    assert p.wait_exit(10) == 1
+    assert "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static." in p.text
+
+
+def test_weights_too_big_fail_naturally_while_loading(lab: Lab) -> None:
+    p, _ = lab.engine(SGLANG_STANDIN_WEIGHTS_GIB="400")
+    assert p.wait_exit(10) == 1
+    assert "torch.OutOfMemoryError: CUDA out of memory." in p.text
+    assert "Load weight end" not in p.text
+
+
+def test_hang_never_opens_the_port_and_still_stops_on_sigterm(lab: Lab) -> None:
+    p, port = lab.engine(SGLANG_STANDIN_FAULT="hang")
+    p.wait_line("Capture cuda graph begin")
+    with pytest.raises(AssertionError):
+        p.wait_line("Capture cuda graph end", timeout=0.5)
+    assert http_get(port, "/health") is None
+    p.popen.send_signal(signal.SIGTERM)
+    assert p.wait_exit(2) == 0
+
+
+def test_crash_after_ready(lab: Lab) -> None:
+    p, port = lab.engine(SGLANG_STANDIN_FAULT="crash-after-ready", SGLANG_STANDIN_FAULT_AFTER="0.3")
+    p.wait_line("ready to roll")
+    assert http_get(port, "/health") == (200, b"")
+    assert p.wait_exit(5) == 1
+    assert "CUDA error: an illegal memory access was encountered" in p.text
+
+
+def test_ignore_sigterm_needs_sigkill(lab: Lab) -> None:
+    p, _ = lab.engine("--tp-size", "2", SGLANG_STANDIN_FAULT="ignore-sigterm")
+    p.wait_line("ready to roll")
+    kids = p.children()
+    p.popen.send_signal(signal.SIGTERM)
+    for k in kids:
+        import os
+        os.kill(k, signal.SIGTERM)
+    with pytest.raises(AssertionError):
+        p.wait_exit(0.6)
+    assert all(alive(k) for k in kids)
+    # lab.close() SIGKILLs the engine and the workers by PID
+
+
+def test_leak_worker_outlives_the_engine_in_its_own_session(lab: Lab) -> None:
+    import importlib.util
+    p, _ = lab.engine("--tp-size", "2", SGLANG_STANDIN_FAULT="leak-worker")
+    p.wait_line("ready to roll")
+    kids = p.children()
+    records = lab.records()
+    assert len(records) == 2
+    leaked = [r["pid"] for r in records if r["pid"] not in kids]
+    assert len(leaked) == 1
+    lab.extra_pids.extend(leaked)  # cleanup kills it by its exact PID
+    assert session_of(leaked[0]) != session_of(p.pid)  # setsid + double fork: detached
+    assert leaked[0] not in children_of(p.pid)
+
+    p.popen.send_signal(signal.SIGTERM)
+    assert p.wait_exit(2) == 0
+    assert alive(leaked[0])
+    assert [r["pid"] for r in lab.records()] == leaked
+
+    spec = importlib.util.spec_from_file_location("fake_pynvml_leak", REPO / "lab/shims/pynvml.py")
+    assert spec and spec.loader
+    nvml = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(nvml)
+    import os
+    os.environ["GPUDEPLOY_LAB_GPUS"] = str(lab.gpus_json)
+    os.environ["SGLANG_STANDIN_GPU_PROCS_DIR"] = str(lab.procs_dir)
+    try:
+        nvml.nvmlInit()
+        h = nvml.nvmlDeviceGetHandleByIndex(1)
+        procs = nvml.nvmlDeviceGetComputeRunningProcesses(h)
+        assert [x.pid for x in procs] == leaked
+        assert nvml.nvmlDeviceGetMemoryInfo(h).used > 8 * GIB
+    finally:
+        del os.environ["GPUDEPLOY_LAB_GPUS"], os.environ["SGLANG_STANDIN_GPU_PROCS_DIR"]
