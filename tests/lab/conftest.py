@@ -1,0 +1,86 @@
+"""The ``lab`` fixture: real hosts (systemd + sshd) on this machine, for tests marked ``lab``.
+
+Needs root, systemd-nspawn and mmdebstrap; otherwise every lab test is skipped with the reason.
+A lab that is already up with >= 3 hosts is used as it is and left up; one this fixture brought up
+is torn down at the end of the session.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from gpudeploy import lab as labctl
+
+REPO = Path(__file__).resolve().parents[2]
+MIN_HOSTS = 3
+
+
+@dataclass(frozen=True)
+class LabHost:
+    name: str
+    address: str
+
+
+@dataclass
+class Lab:
+    hosts: list[LabHost]
+    ssh_key: Path
+    known_hosts: Path
+    inventory: Path
+
+    def ssh(self, host: LabHost | str, cmd: str, *, input: str | None = None,
+            timeout: float = 60, check: bool = False) -> subprocess.CompletedProcess[str]:
+        """Run ``cmd`` as root on ``host`` (object, name or address) with the system ssh client."""
+        address = host.address if isinstance(host, LabHost) else self.address_of(host)
+        proc = subprocess.run(labctl.ssh_argv(address, cmd), input=input, capture_output=True,
+                              text=True, timeout=timeout, check=False)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"ssh {address} {cmd!r} exited {proc.returncode}: {proc.stderr.strip()}")
+        return proc
+
+    def address_of(self, name_or_address: str) -> str:
+        for h in self.hosts:
+            if name_or_address in (h.name, h.address):
+                return h.address
+        raise KeyError(f"no lab host {name_or_address!r}")
+
+    def refresh(self) -> None:
+        """Re-read which hosts are up (after a test took the lab down and up again)."""
+        self.hosts = up_hosts()
+
+
+def up_hosts() -> list[LabHost]:
+    return [LabHost(st.host.name, st.host.address) for st in labctl.status() if st.up and st.ssh_ok]
+
+
+def skip_reason() -> str | None:
+    problem = labctl.precondition_problem()
+    return f"lab tests skipped: {problem}" if problem else None
+
+
+@pytest.fixture(scope="session")
+def lab() -> Iterator[Lab]:
+    reason = skip_reason()
+    if reason:
+        print(reason, file=sys.stderr)
+        pytest.skip(reason)
+    hosts = up_hosts()
+    brought_up = len(hosts) < MIN_HOSTS
+    if brought_up:
+        try:
+            labctl.up(MIN_HOSTS)
+        except labctl.LabError:
+            labctl.down()
+            raise
+        hosts = up_hosts()
+    the_lab = Lab(hosts=hosts, ssh_key=labctl.SSH_KEY, known_hosts=labctl.KNOWN_HOSTS,
+                  inventory=REPO / "inventory" / "lab.yml")
+    yield the_lab
+    if brought_up:
+        labctl.down()
