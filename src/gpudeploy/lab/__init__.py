@@ -11,7 +11,7 @@ This package imports only the standard library (tasks.py adds invoke).
 
 from gpudeploy.lab.config import KNOWN_HOSTS, SSH_KEY, Host, lab_hosts
 from gpudeploy.lab.control import HostStatus, down, leftovers, precondition_problem, status, up
-from gpudeploy.lab.ssh import ssh, ssh_argv
+from gpudeploy.lab.sshclient import ssh, ssh_argv
 from gpudeploy.lab.system import LabError
 
 __all__ = ["KNOWN_HOSTS", "SSH_KEY", "Host", "HostStatus", "LabError", "down", "lab_hosts", "leftovers",

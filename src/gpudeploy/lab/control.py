@@ -13,7 +13,7 @@ from pathlib import Path
 
 from gpudeploy.lab import config, host, rootfs
 from gpudeploy.lab.config import Host, host_named, lab_hosts, repo_root
-from gpudeploy.lab.ssh import SSH_FAILED, ensure_key, ssh, write_known_hosts
+from gpudeploy.lab.sshclient import SSH_FAILED, ensure_key, ssh, write_known_hosts
 from gpudeploy.lab.system import (
     LabError,
     cgroup_pids,
@@ -42,7 +42,9 @@ class HostStatus:
 
     def line(self) -> str:
         failed = f" failed: {', '.join(self.failed_units)}" if self.failed_units else ""
-        return (f"{self.host.name:<6} {'up' if self.up else 'down':<5} {self.host.address:<12} "
+        # A host that is not up but still has processes lost its nspawn: up or down sweeps it.
+        state = "up" if self.up else "crashed" if self.pss_kib else "down"
+        return (f"{self.host.name:<6} {state:<7} {self.host.address:<12} "
                 f"ssh {'ok' if self.ssh_ok else 'no':<3} systemd {self.systemd:<9} "
                 f"ram {self.pss_kib / 1024:.0f} MiB{failed}")
 
