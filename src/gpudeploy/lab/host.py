@@ -13,7 +13,7 @@ import os
 import shutil
 import signal
 import subprocess
-import warnings
+import sys
 from pathlib import Path
 
 from gpudeploy.lab import config
@@ -132,7 +132,8 @@ def nspawn_argv(host: Host, repo: Path) -> list[str]:
         if source.is_dir():
             argv.append(f"--bind-ro={source}:{target}")
         else:
-            warnings.warn(f"{host.name}: {source} does not exist; {target} stays empty", stacklevel=2)
+            print(f"lab: warning: {host.name}: {source} does not exist; {target} stays empty",
+                  file=sys.stderr, flush=True)
     return argv
 
 
@@ -148,19 +149,24 @@ def start(host: Host, repo: Path) -> int:
             start_new_session=True)
     _children[host.name] = proc
     write_file(host.pid_file, f"{proc.pid}\n")
-    if not wait_until(lambda: nspawn_pid(host) is not None or proc.poll() is not None, 5, interval=0.01) \
-            or proc.poll() is not None:
+    in_cgroup = wait_until(lambda: nspawn_pid(host) is not None or proc.poll() is not None, 5, interval=0.01)
+    if not in_cgroup or proc.poll() is not None:
         raise LabError(f"{host.name}: systemd-nspawn did not start; see {host.log_file}")
     return proc.pid
 
 
 def nspawn_pid(host: Host) -> int | None:
-    """PID of the host's running nspawn, checked against its cgroup (a reused PID does not count)."""
+    """PID of the host's running nspawn, checked against its cgroup (a reused PID does not count).
+
+    nspawn starts in the host's cgroup and moves itself to ``supervisor/`` below it (``payload/``
+    holds the container).
+    """
     try:
         pid = int(host.pid_file.read_text())
     except (FileNotFoundError, ValueError):
         return None
-    return pid if pid_in_cgroup(pid, f"/{config.CGROUP_NAME}/{host.name}") else None
+    cgroup = f"/{config.CGROUP_NAME}/{host.name}"
+    return pid if pid_in_cgroup(pid, (cgroup, f"{cgroup}/supervisor")) else None
 
 
 def is_running(host: Host) -> bool:

@@ -95,8 +95,8 @@ def remove_cgroup_tree(cgroup: Path) -> None:
 
 # --- processes ------------------------------------------------------------------------------------
 
-def pid_in_cgroup(pid: int, cgroup: str) -> bool:
-    """True if process ``pid`` is alive and sits in v2 cgroup ``cgroup`` (e.g. /lab/lab1) or below.
+def pid_in_cgroup(pid: int, cgroups: Sequence[str]) -> bool:
+    """True if process ``pid`` is alive and sits in one of the v2 ``cgroups`` (e.g. /lab/lab1).
 
     This ties a PID read from a pid file to the process we started, even if the PID was reused.
     """
@@ -108,7 +108,7 @@ def pid_in_cgroup(pid: int, cgroup: str) -> bool:
     if stat.rsplit(")", 1)[1].split()[0] == "Z":
         return False
     paths = [line.split(":", 2)[2] for line in lines if line.startswith("0::")]
-    return any(p == cgroup or p.startswith(cgroup + "/") for p in paths)
+    return any(p in cgroups for p in paths)
 
 
 def pss_kib(pids: Sequence[int]) -> int:
