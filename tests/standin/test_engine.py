@@ -335,3 +335,59 @@ def test_leak_worker_outlives_the_engine_in_its_own_session(lab: Lab) -> None:
         assert nvml.nvmlDeviceGetMemoryInfo(h).used > 8 * GIB
     finally:
         del os.environ["GPUDEPLOY_LAB_GPUS"], os.environ["SGLANG_STANDIN_GPU_PROCS_DIR"]
+
+
+def test_help_is_the_captured_help_of_the_release(lab: Lab) -> None:
+    r = run_cli(lab, "--help")
+    assert r.returncode == 0
+    assert r.stdout == (REPO / "src/gpudeploy/data/sglang-0.5.23-launch_server-help.txt").read_text()
+
+
+def test_older_release_accepts_its_own_flags(lab: Lab) -> None:
+    from gpudeploy.flagspec import supported_versions
+    if "0.5.10" not in supported_versions("sglang"):
+        pytest.skip("no 0.5.10 capture")
+    env = lab.env(SGLANG_STANDIN_VERSION="0.5.10")
+    argv = [PYTHON, "-m", "sglang.launch_server", "--model-path", "m", "--cuda-graph-max-bs-decode", "8"]
+    r = subprocess.run(argv, env=env, cwd=REPO, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "unrecognized arguments: --cuda-graph-max-bs-decode 8" in r.stderr
+    p, _ = lab.engine("--cuda-graph-max-bs", "16", SGLANG_STANDIN_VERSION="0.5.10")
+    line = p.wait_line("Capturing batches")
+    assert "(bs=16 " in line
+
+
+def test_api_key_guards_everything_but_health(lab: Lab) -> None:
+    import http.client
+    p, port = lab.engine("--api-key", "sekrit")
+    p.wait_line("ready to roll")
+    assert http_get(port, "/health") == (200, b"")
+    assert http_get(port, "/v1/models")[0] == 401  # type: ignore[index]
+    assert http_post(port, "/generate", {"text": "x"})[0] == 401
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=3)
+    conn.request("POST", "/generate", body=json.dumps({"text": "x"}),
+                 headers={"Authorization": "Bearer sekrit"})
+    assert conn.getresponse().status == 200
+    conn.close()
+
+
+def test_killed_worker_takes_the_server_down(lab: Lab) -> None:
+    import os
+    p, _ = lab.engine("--tp-size", "2")
+    p.wait_line("ready to roll")
+    kids = p.children()
+    os.kill(kids[1], signal.SIGKILL)
+    assert p.wait_exit(5) == 1
+    assert re.search(r"Rank \d scheduler is dead\. Please check if there are relevant logs\.", p.text)
+    assert f"Child process unexpectedly failed with exitcode=-9. pid={kids[1]}" in p.text
+    wait_for(lambda: not any(alive(k) for k in kids), timeout=3)
+
+
+def test_workers_follow_a_sigkilled_engine_and_free_their_memory(lab: Lab) -> None:
+    p, _ = lab.engine("--tp-size", "2")
+    p.wait_line("ready to roll")
+    kids = p.children()
+    assert len(lab.records()) == 2
+    p.popen.kill()
+    p.popen.wait()
+    wait_for(lambda: not any(alive(k) for k in kids), timeout=3)
+    assert lab.records() == []

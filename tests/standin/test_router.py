@@ -132,3 +132,20 @@ def test_router_sends_both_sides_with_bootstrap_fields(
     servers["decode"].RequestHandlerClass.status = 500
     status, body = http_post(rport, "/generate", {"text": "x"})
     assert status == 500 and json.loads(body)["error"]["code"] == "decode_internal_error"
+
+
+def test_router_help_and_startup_timeout_drops_a_dead_worker(
+        lab: Lab, recorders: tuple[list[tuple[str, str, dict[str, Any]]], dict[str, Any]]) -> None:
+    r = subprocess.run([PYTHON, "-m", "sglang_router.launch_router", "--help"], env=lab.env(), cwd=REPO,
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0 and "--pd-disaggregation" in r.stdout and "SGLang Router" in r.stdout
+
+    _, servers = recorders
+    pport, dead = servers["prefill"].server_address[1], free_port()
+    router, rport = lab.router("--pd-disaggregation", "--prefill", f"http://127.0.0.1:{pport}",
+                               "--decode", f"http://127.0.0.1:{dead}", "--worker-startup-timeout-secs", "1")
+    router.wait_line(f"removing: decode http://127.0.0.1:{dead}", timeout=5)
+    _, body = http_get(rport, "/workers")  # type: ignore[misc]
+    assert [w["worker_type"] for w in json.loads(body)["workers"]] == ["prefill"]
+    assert http_get(rport, "/readiness")[0] == 503  # type: ignore[index]
+    assert http_get(rport, "/liveness") == (200, b"OK")

@@ -161,9 +161,22 @@ SECRET_KEYS = ("model_path", "tokenizer_path")  # reported, the real router down
 
 
 def make_engine_handler(state: EngineState) -> type[BaseHandler]:
+    api_key = state.server_args.get("api_key")
+
     class EngineHandler(BaseHandler):
+        def authorized(self, path: str) -> bool:
+            """SGLang's --api-key middleware: everything but /health* and /metrics needs the key."""
+            if not api_key or path.startswith("/health") or path == "/metrics":
+                return True
+            if self.headers.get("Authorization") == f"Bearer {api_key}":
+                return True
+            self.send_json(401, {"error": "Unauthorized"})
+            return False
+
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
+            if not self.authorized(path):
+                return
             if path in ("/health", "/health_generate"):
                 ok = state.phase == "ready"
                 self.send_bytes(200 if ok else 503, b"", "text/plain")
@@ -197,6 +210,8 @@ def make_engine_handler(state: EngineState) -> type[BaseHandler]:
         def do_POST(self) -> None:
             path = self.path.split("?", 1)[0]
             body = self.read_body()
+            if not self.authorized(path):
+                return
             if path not in ("/generate", "/v1/completions", "/v1/chat/completions"):
                 self.send_json(404, {"detail": "Not Found"})
                 return

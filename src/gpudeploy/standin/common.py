@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from gpudeploy import flagspec
 
@@ -207,8 +208,11 @@ def build_parser(program: str, version: str, prog: str | None = None,
     ``append`` may repeat and collect a list per occurrence; ``required`` ones are mandatory.
     """
     flags = flagspec.load_flags(program, version)
-    primary: dict[str, str] = dict(FALLBACK_ALIASES)
-    for group in _alias_groups(program, version):
+    groups = _alias_groups(program, version)
+    # Without a help text we know no aliases but these; the destination is argparse's usual one
+    # (from the first option string), so callers read both spellings (see ``opt``).
+    primary: dict[str, str] = {} if groups else dict(FALLBACK_ALIASES)
+    for group in groups:
         head = group[0]
         for other in group[1:]:
             if other == "--no-" + head[2:]:
@@ -247,6 +251,28 @@ def build_parser(program: str, version: str, prog: str | None = None,
             kwargs["required"] = True
         parser.add_argument(*names, **kwargs)  # type: ignore[arg-type]
     return parser
+
+
+def print_captured_help(program: str, version: str, argv: list[str]) -> bool:
+    """For ``-h``/``--help``: print the real release's captured --help verbatim; False if none."""
+    if not any(a in ("-h", "--help") for a in argv if a != "--"):
+        return False
+    try:
+        text = flagspec._files(program, version)[1].read_text()
+    except OSError:
+        return False
+    raw(text.rstrip("\n"))
+    return True
+
+
+def opt(ns: argparse.Namespace, *dests: str) -> Any:
+    """The first non-None of several destinations: releases differ in which alias comes first
+    (0.5.10 ``--tensor-parallel-size, --tp-size``; 0.5.23 ``--tp-size, --tensor-parallel-size``)."""
+    for d in dests:
+        v = getattr(ns, d, None)
+        if v is not None:
+            return v
+    return None
 
 
 def as_int(value: object, default: int) -> int:

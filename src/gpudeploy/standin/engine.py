@@ -40,6 +40,8 @@ from gpudeploy.standin.common import (
     fault,
     live_records,
     load_gpus,
+    opt,
+    print_captured_help,
     raw,
     remove_record,
     speed,
@@ -150,8 +152,8 @@ def settings_from(ns: argparse.Namespace) -> EngineSettings:
         algo = "EAGLE"
     frac = g("mem_fraction_static")
     return EngineSettings(
-        tp=max(1, as_int(g("tp_size"), 1)),
-        pp=max(1, as_int(g("pp_size"), 1)),
+        tp=max(1, as_int(opt(ns, "tp_size", "tensor_parallel_size"), 1)),
+        pp=max(1, as_int(opt(ns, "pp_size", "pipeline_parallel_size"), 1)),
         base_gpu_id=as_int(g("base_gpu_id"), 0),
         gpu_id_step=max(1, as_int(g("gpu_id_step"), 1)),
         mem_fraction_static=None if frac is None else as_float(frac, 0.8),
@@ -200,7 +202,7 @@ def make_plan(ns: argparse.Namespace, s: EngineSettings) -> EnginePlan:
     weights_env = os.environ.get("SGLANG_STANDIN_WEIGHTS_GIB")
     kv_env = os.environ.get("SGLANG_STANDIN_KV_BYTES_PER_TOKEN")
     model = read_model_info(
-        str(ns.model_path), as_float(weights_env, 16.0) if weights_env else None,
+        str(opt(ns, "model_path", "model")), as_float(weights_env, 16.0) if weights_env else None,
         as_int(kv_env, 65536) if kv_env else None, s.tp, s.kv_cache_dtype)
     return plan_engine(s, model, per_rank, others,
                        graph_mib_per_bs=env_float("SGLANG_STANDIN_GRAPH_MIB_PER_BS", 4.0))
@@ -381,7 +383,7 @@ class Engine:
         self.httpd: api.QuietServer | None = None
         self.bootstrap: api.QuietServer | None = None
         self.plan = make_plan(ns, self.settings)
-        served = ns.__dict__.get("served_model_name") or ns.model_path
+        served = ns.__dict__.get("served_model_name") or opt(ns, "model_path", "model")
         args = {k: _jsonable(v) for k, v in vars(ns).items()}
         args.update({"tp_size": self.settings.tp, "port": self.port, "host": self.host,
                      "mem_fraction_static": self.plan.mem_fraction_static,
@@ -600,7 +602,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyError:
         print(f"sglang stand-in: no captured flags for sglang {version}", file=sys.stderr)
         return 2
-    ns = parser.parse_args(argv)
+    args = sys.argv[1:] if argv is None else argv
+    if print_captured_help("sglang", version, args):
+        return 0
+    ns = parser.parse_args(args)
     engine = Engine(ns, version)
 
     def on_term(signum: int, frame: object) -> None:

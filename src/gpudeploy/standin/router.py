@@ -24,7 +24,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from gpudeploy.standin import api
-from gpudeploy.standin.common import as_float, as_int, build_parser, emit
+from gpudeploy.standin.common import as_float, as_int, build_parser, emit, print_captured_help
 
 VERSION = "0.3.2"
 FORWARDED_HEADERS = ("Content-Type", "X-Request-ID", "Authorization")
@@ -104,6 +104,8 @@ class Router:
         self.stop = threading.Event()
         self.rr = itertools.count()
         self.started = False
+        self.startup_timeout = as_float(ns.worker_startup_timeout_secs, 1800.0)
+        self.t0 = time.monotonic()
 
     # --------------------------------------------------------------------------------- health
 
@@ -150,9 +152,21 @@ class Router:
             if not self.started and self.ready():
                 self.started = True
                 emit(f"INFO sgl_model_gateway::server: All {len(self.workers)} workers are healthy")
+            elif not self.started and time.monotonic() - self.t0 > self.startup_timeout:
+                self.drop_unhealthy()
             if self.ns.disable_health_check and self.started:
                 return
             self.stop.wait(self.interval if self.started else 0.5)
+
+    def drop_unhealthy(self) -> None:
+        """After --worker-startup-timeout-secs the real router gives up on a worker (and runs on)."""
+        with self.lock:
+            gone = [w for w in self.workers if not w.is_healthy]
+            self.workers = [w for w in self.workers if w.is_healthy]
+        for w in gone:
+            emit(f"ERROR sgl_model_gateway::core::worker: Worker failed to become healthy within "
+                 f"{self.startup_timeout:g}s, removing: {w.worker_type} {w.url}")
+        self.started = True
 
     # ------------------------------------------------------------------------------ forwarding
 
@@ -303,7 +317,10 @@ def make_handler(router: Router) -> type[api.BaseHandler]:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser("sglang_router", VERSION, prog="launch_router.py",
                           append=["--prefill", "--decode"])
-    ns = parser.parse_args(argv)
+    args = sys.argv[1:] if argv is None else argv
+    if print_captured_help("sglang_router", VERSION, args):
+        return 0
+    ns = parser.parse_args(args)
     if ns.pd_disaggregation and (not ns.prefill or not ns.decode):
         parser.error("PD disaggregation mode requires --prefill and --decode")
     for entry in ns.prefill or []:
