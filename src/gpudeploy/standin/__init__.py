@@ -20,6 +20,39 @@ Environment contract (all optional):
   SGLANG_STANDIN_FAULT              fault to inject, see ``FAULTS``
   SGLANG_STANDIN_FAULT_AFTER        seconds, for faults that happen after a delay
   GPUDEPLOY_LAB_GPUS                GPU inventory JSON (/etc/gpudeploy-lab/gpus.json)
+  CUDA_VISIBLE_DEVICES              indices or GPU UUIDs; rank r uses entry base_gpu_id + r * gpu_id_step
+
+Log lines (stdout, one write per record): ``[YYYY-MM-DD HH:MM:SS TPn] message`` from rank n's worker
+in sglang.md's order and formats; ``The server is fired up and ready to roll!`` carries ``TP0`` too;
+the launcher's own lines (``Rank N scheduler is dead...``, ``Received sigquit...``) carry no tag;
+uvicorn lines (``INFO:     Uvicorn running on ...``) and tqdm's ``Capturing batches (...)`` none.
+
+Processes: the launcher (MainPID) + one ``python3 -m gpudeploy.standin.worker`` per TP rank, each
+writing ``$SGLANG_STANDIN_GPU_PROCS_DIR/<pid>.json`` = {"pid", "gpu", "used_bytes"} while it lives.
+Workers exit when the launcher's pipe closes (launcher killed); a SIGKILLed worker's record stays
+(the fake NVML skips dead PIDs).
+
+Faults (SGLANG_STANDIN_FAULT; an unknown name exits 2):
+  oom-graph          rank 0 fails mid CUDA graph capture: "Capture cuda graph failed: CUDA out of
+                     memory. Tried to allocate 7.50 GiB. ..." + "Possible solutions:" lines; exit 1
+  kv-not-enough      "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static."
+  weights-oom        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate ..." while loading
+  mamba-oom          "Not enough GPU memory for hybrid (mamba/linear-attention) state cache."
+  silent-exit        exit 1 halfway through loading weights, printing nothing
+  hang               stops after "Capture cuda graph begin" forever, port closed
+  hang-warmup        HTTP up, /health 503 forever
+  crash-after-ready  ready, then after SGLANG_STANDIN_FAULT_AFTER s (1) rank 0 logs a CUDA illegal
+                     memory access and the server exits 1
+  ignore-sigterm     launcher and workers ignore SIGTERM
+  worker-dies        rank 1 (0 at TP1) is SIGKILLed mid capture: "Rank 1 scheduler is dead. ..." exit 1
+  leak-worker        the last rank double-forks into a new session and outlives the launcher,
+                     keeping its GPU record (an orphaned scheduler)
+  port-in-use        binding the HTTP port fails after loading ("[Errno 98] ... address already in
+                     use", "OSError: [Errno 98] Address already in use"); a really busy port does too
+  nccl-error         rank 1 (0 at TP1) dies at start with "torch.distributed.DistBackendError: NCCL error"
+Without a fault, numbers that do not fit fail the same ways (see memory.py): weights larger than the
+GPU, --mem-fraction-static too low (KV rest <= 0), too little headroom for CUDA graphs, ranks whose free
+memory differs by more than 10% ("The memory capacity is unbalanced", e.g. an orphan on one GPU).
 """
 
 FAULTS = (

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpudeploy.standin import api
+from gpudeploy.standin import FAULTS, api
 from gpudeploy.standin.common import (
     CUDA_CONTEXT_BYTES,
     GIB,
@@ -605,6 +605,10 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if print_captured_help("sglang", version, args):
         return 0
+    if fault() and fault() not in FAULTS:
+        print(f"sglang stand-in: unknown SGLANG_STANDIN_FAULT={fault()!r}; known: {', '.join(FAULTS)}",
+              file=sys.stderr)
+        return 2
     ns = parser.parse_args(args)
     engine = Engine(ns, version)
 
