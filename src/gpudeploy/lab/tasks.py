@@ -16,13 +16,13 @@ def up(c: Context, hosts: int = 3) -> None:
     """Boot lab hosts (systemd + sshd) and wait until they are ready."""
     try:
         control.up(hosts)
-    except LabError as exc:
+    except (LabError, ValueError) as exc:
         raise Exit(f"lab up failed: {exc}", code=1) from exc
 
 
 @task
 def down(c: Context) -> None:
-    """Stop all lab hosts and remove everything they left on this machine."""
+    """Stop all lab hosts and remove everything they left behind."""
     try:
         control.down()
     except LabError as exc:
