@@ -26,9 +26,9 @@ from gpudeploy.lab.system import (
     run,
 )
 
-# executable -> Debian package that provides it
-TOOLS = {"systemd-nspawn": "systemd-container", "mmdebstrap": "mmdebstrap", "zstd": "zstd",
-         "ip": "iproute2", "ssh": "openssh-client", "ssh-keygen": "openssh-client"}
+# executable -> Debian package that provides it (the rootfs is cached as a directory: no zstd needed)
+TOOLS = {"systemd-nspawn": "systemd-container", "mmdebstrap": "mmdebstrap", "ip": "iproute2",
+         "ssh": "openssh-client", "ssh-keygen": "openssh-client"}
 
 
 @dataclass(frozen=True)
