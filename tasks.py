@@ -1,6 +1,11 @@
 """gpudeploy's command line: thin invoke tasks that parse flags, call the package, print and exit.
 
-    invoke plan [--host H] [--role R] [--json]
+    invoke plan     [--host H] [--role R] [--json]
+    invoke deploy   --host H [--role R] [--force] [--timeout S]
+    invoke status   [--host H] [--role R] [--json]
+    invoke teardown [--host H] [--role R] [--purge]
+    invoke logs     --host H --role R [--follow]
+    invoke lab.up | lab.down | lab.status
 """
 
 from __future__ import annotations
@@ -15,9 +20,11 @@ from invoke import Collection, Exit, task
 
 from gpudeploy.errors import GpudeployError
 from gpudeploy.plan import load_plan
-from gpudeploy.report import plan_json, plan_text
+from gpudeploy.report import deploy_summary, plan_json, plan_text, status_text
 
 DEFAULT_INVENTORY = "inventory/hosts.yml"
+SELECT = {"inventory": "inventory file (default inventory/hosts.yml)", "host": "only this host",
+          "role": "only this role"}
 
 
 def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -35,8 +42,7 @@ def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-@task(help={"inventory": "inventory file", "host": "only this host", "role": "only this role",
-            "json": "one JSON document on stdout"})
+@task(help={**SELECT, "json": "one JSON document on stdout"})
 @user_errors
 def plan(c, inventory=DEFAULT_INVENTORY, host=None, role=None, json_=False):  # type: ignore[no-untyped-def]
     """Show what would run where (GPUs, NUMA, ports, command, env, files) without touching anything."""
@@ -48,4 +54,95 @@ def plan(c, inventory=DEFAULT_INVENTORY, host=None, role=None, json_=False):  # 
         sys.stdout.write(plan_text(p))
 
 
-ns = Collection(plan)
+@task(help={**SELECT, "force": "deploy even when GPUs are busy with foreign processes",
+            "timeout": "seconds to wait for /health (default: the role's health.timeout_s)",
+            "keep_failed": "leave a unit that timed out running, for debugging"})
+@user_errors
+def deploy(c, host, inventory=DEFAULT_INVENTORY, role=None, force=False, timeout=None,  # type: ignore[no-untyped-def]
+           keep_failed=False):
+    """Deploy the roles of a host (or one role): upload units, start what changed, gate on /health."""
+    from gpudeploy.apply.deploy import Options
+    from gpudeploy.apply.deploy import deploy as run_deploy
+
+    p = load_plan(inventory, host=host, role=role)
+    if not p.units:
+        print(f"nothing is placed on {host}")
+        return
+    results = run_deploy(p, Options(force=force, timeout_s=float(timeout) if timeout else None,
+                                    keep_failed=keep_failed))
+    text, ok = deploy_summary(results)
+    print(text)
+    if not ok:
+        raise Exit(code=1)
+
+
+@task(help={**SELECT, "json": "one JSON document on stdout"})
+@user_errors
+def status(c, inventory=DEFAULT_INVENTORY, host=None, role=None, json_=False):  # type: ignore[no-untyped-def]
+    """State, MainPID, uptime, ports and /health of every gpudeploy unit; exit 1 if one is unhealthy."""
+    from gpudeploy.errors import GpudeployError as Err
+    from gpudeploy.verify.status import status as run_status
+
+    p = load_plan(inventory, host=host, role=role)
+    hosts = [h for h in p.inventory.hosts.values() if host is None or h.name == host]
+    results = run_status(p, hosts)
+    if role is not None:
+        results = {h: (r if isinstance(r, Err) else [s for s in r if s.role == role]) for h, r in results.items()}
+    text, ok = status_text(results)
+    if json_:
+        doc = {h: ({"error": str(r)} if isinstance(r, Err) else {"units": [s.to_json() for s in r]})
+               for h, r in results.items()}
+        json.dump({"hosts": doc, "healthy": ok}, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print(text)
+    if not ok or any(isinstance(r, Err) for r in results.values()):
+        raise Exit(code=1)
+
+
+@task(help={**SELECT, "purge": "also remove unit, env and run-record files"})
+@user_errors
+def teardown(c, inventory=DEFAULT_INVENTORY, host=None, role=None, purge=False):  # type: ignore[no-untyped-def]
+    """Stop units and prove no process of them is left and their GPUs are free (kills by exact PID)."""
+    from gpudeploy.apply.teardown import teardown as run_teardown
+    from gpudeploy.errors import GpudeployError as Err
+
+    p = load_plan(inventory, host=host, role=role)
+    hosts = [h for h in p.inventory.hosts.values() if host is None or h.name == host]
+    results = run_teardown(p, hosts, purge=purge, whole_deployment=role is None)
+    ok = True
+    for h, res in results.items():
+        if isinstance(res, Err):
+            ok = False
+            print(f"{h}: FAILED: {res}")
+            continue
+        if not res:
+            print(f"{h}: nothing deployed")
+        for o in res:
+            ok = ok and o.clean
+            gpu = "  GPUs " + ", ".join(f"{g}: {v:.1f} GiB used" for g, v in o.gpu_used_gib.items()) \
+                if o.gpu_used_gib else ""
+            killed = f"  killed leftover pids {o.killed}" if o.killed else ""
+            verdict = "clean: no process left" if o.clean else f"NOT CLEAN: pids {o.left} alive, GPU {o.gpu_left}"
+            print(f"{h}/{o.role}: was {o.was}; {verdict}{killed}{gpu}{'  (purged)' if o.purged else ''}")
+    if not ok:
+        raise Exit(code=1)
+
+
+@task(help={**SELECT, "follow": "keep printing new lines"})
+@user_errors
+def logs(c, host, role, inventory=DEFAULT_INVENTORY, follow=False):  # type: ignore[no-untyped-def]
+    """The journal of the unit's current run only (never lines of earlier runs)."""
+    from gpudeploy.verify.logs import show_logs
+
+    p = load_plan(inventory, host=host, role=role)
+    show_logs(p.units[0], follow=follow)
+
+
+ns = Collection(plan, deploy, status, teardown, logs)
+try:
+    from gpudeploy.lab.tasks import lab_collection
+
+    ns.add_collection(lab_collection)
+except ImportError:  # pragma: no cover - the lab is optional outside this repo
+    pass

@@ -66,3 +66,82 @@ def plan_text(plan: Plan, *, show_files: bool = True) -> str:
 
 def memory_line(mem: dict[str, Any]) -> str:
     return "   memory   " + json.dumps(mem, sort_keys=True)
+
+
+def deploy_summary(results: dict[str, Any]) -> tuple[str, bool]:
+    """Per host and unit: what happened, the endpoint and PIDs, or the cause and next step."""
+    from .errors import GpudeployError
+
+    out: list[str] = []
+    ok = True
+    for host, res in results.items():
+        if isinstance(res, GpudeployError):
+            ok = False
+            out.append(f"{host}: FAILED: {res}")
+            continue
+        for o in res:
+            u = o.unit
+            tag = f"{host}/{u.role.name}"
+            if o.ok:
+                pids = f" pids {','.join(map(str, o.pids))}" if o.pids else ""
+                mem = memory_figures(o.gate.lines) if o.gate else ""
+                when = f" in {o.gate.elapsed_s:.1f} s" if o.gate else ""
+                out.append(f"{tag}: {o.action}{when}: {u.health_url.rsplit('/', 1)[0]}  MainPID {o.main_pid}{pids}"
+                           + (f"\n    {mem}" if mem else ""))
+            else:
+                ok = False
+                out.append(f"{tag}: FAILED ({o.action})" + (f" {o.message}" if o.message else ""))
+                if o.gate and o.gate.cause:
+                    out.append("    " + o.gate.cause.render().replace("\n", "\n    "))
+                    if o.message == "stopped":
+                        out.append("    the unit was stopped so its GPUs are free again")
+    return "\n".join(out), ok
+
+
+def memory_figures(lines: list[str]) -> str:
+    """The memory figures the engine logged, in one line (empty if it logged none)."""
+    import re
+
+    keep = []
+    for pattern, label in ((r"Load weight end.*?mem usage=([\d.]+) GB", "weights"),
+                           (r"KV Cache is allocated\. #tokens: (\d+)", "KV tokens"),
+                           (r"Capture cuda graph end.*?mem usage=([\d.]+) GB", "cuda graphs"),
+                           (r"available_gpu_mem=([\d.]+) GB", "free after start")):
+        for line in lines:
+            m = re.search(pattern, line)
+            if m:
+                unit = "" if label == "KV tokens" else " GiB"
+                keep.append(f"{label} {m.group(1)}{unit}")
+                break
+    return "memory: " + ", ".join(keep) if keep else ""
+
+
+def status_text(results: dict[str, Any]) -> tuple[str, bool]:
+    from .errors import GpudeployError
+    from .verify.status import fmt_uptime
+
+    rows = [("HOST", "ROLE", "STATE", "PID", "UPTIME", "PORTS", "HEALTH")]
+    notes: list[str] = []
+    ok = True
+    for host, res in results.items():
+        if isinstance(res, GpudeployError):
+            rows.append((host, "-", "UNREACHABLE", "-", "-", "-", "-"))
+            notes.append(f"{host}: {res}")
+            continue
+        if not res:
+            rows.append((host, "-", "no gpudeploy units", "-", "-", "-", "-"))
+        for s in res:
+            if s.deployed and not s.healthy:
+                ok = False
+            ports = ",".join(f"{k}={v}" for k, v in s.ports.items()) or "-"
+            rows.append((host, s.role, s.state, str(s.main_pid or "-"), fmt_uptime(s.uptime_s), ports, s.health))
+            if s.last_failure:
+                notes.append(f"{host}/{s.role}: last failure: {s.last_failure}"
+                             + (f"\n    next step: {s.next_step}" if s.next_step else ""))
+            if s.orphans:
+                notes.append(f"{host}/{s.role}: processes of the unit still alive while it is {s.state}: "
+                             + ", ".join(f"{p['pid']} ({p['cmd'][:60]})" for p in s.orphans)
+                             + " -- `invoke teardown` kills them by PID")
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    return "\n".join(lines + (["", *notes] if notes else [])), ok

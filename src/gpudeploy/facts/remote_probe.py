@@ -1,0 +1,196 @@
+"""Runs ON the host (sent over ssh as ``python3 -c``): gathers every fact gpudeploy needs in one trip.
+
+Stdlib only, read-only, and it never matches processes by name: processes are found through the
+unit's cgroup and exact PIDs. Input: one JSON argument. Output: one JSON document on stdout.
+
+    {"units": ["gpudeploy-x-y.service"], "files": ["/etc/..."], "journal_lines": 60,
+     "all_units": true}   # also report every gpudeploy-*.service found in /etc/systemd/system
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+PROPS = ("Id,LoadState,ActiveState,SubState,MainPID,ExecMainPID,ExecMainStatus,ExecMainCode,Result,"
+         "InvocationID,ControlGroup,ActiveEnterTimestamp,ExecMainStartTimestamp,ExecMainExitTimestamp,"
+         "InactiveEnterTimestamp,FragmentPath,NRestarts")
+RUNS_DIR = "/var/lib/gpudeploy/runs"
+UNIT_DIR = "/etc/systemd/system"
+
+
+def systemctl_show(units: list[str]) -> dict[str, dict[str, str]]:
+    if not units:
+        return {}
+    out = subprocess.run(["systemctl", "show", "-p", PROPS, "--", *units], capture_output=True, text=True,
+                         check=False).stdout
+    result: dict[str, dict[str, str]] = {}
+    for block in out.split("\n\n"):
+        props = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
+        if props.get("Id"):
+            result[props["Id"]] = props
+    return result
+
+
+def proc_info(pid: int) -> dict[str, Any] | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return None
+    # Fields after the parenthesised command name; the name itself may contain spaces.
+    rest = stat[stat.rindex(")") + 2:].split()
+    return {"pid": pid, "ppid": int(rest[1]), "sid": int(rest[3]), "start_ticks": int(rest[19]),
+            "state": rest[0], "cmd": cmd[:300]}
+
+
+def cgroup_procs(control_group: str) -> list[dict[str, Any]]:
+    if not control_group:
+        return []
+    procs = []
+    for base in ("/sys/fs/cgroup", "/sys/fs/cgroup/unified", "/sys/fs/cgroup/systemd"):
+        path = f"{base}{control_group}/cgroup.procs"
+        if os.path.exists(path):
+            try:
+                with open(path) as f:
+                    pids = [int(x) for x in f.read().split()]
+            except OSError:
+                continue
+            for pid in pids:
+                info = proc_info(pid)
+                if info:
+                    procs.append(info)
+            break
+    return procs
+
+
+def listening_ports() -> dict[int, list[int]]:
+    """port -> PIDs holding a listening TCP socket on it (PIDs may be empty if unknown)."""
+    inodes: dict[str, int] = {}
+    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(name) as f:
+                next(f)
+                for line in f:
+                    parts = line.split()
+                    if parts[3] == "0A":  # LISTEN
+                        inodes[parts[9]] = int(parts[1].rsplit(":", 1)[1], 16)
+        except OSError:
+            continue
+    owners: dict[int, list[int]] = {port: [] for port in inodes.values()}
+    for fd_dir in glob.glob("/proc/[0-9]*/fd"):
+        pid = int(fd_dir.split("/")[2])
+        try:
+            for fd in os.listdir(fd_dir):
+                target = os.readlink(f"{fd_dir}/{fd}")
+                if target.startswith("socket:[") and target[8:-1] in inodes:
+                    port = inodes[target[8:-1]]
+                    if pid not in owners[port]:
+                        owners[port].append(pid)
+        except OSError:
+            continue
+    return owners
+
+
+def gpus() -> dict[str, Any]:
+    try:
+        import pynvml  # the real nvidia-ml-py on GPU nodes; the lab provides a stand-in module
+    except ImportError:
+        return {"source": None, "error": "pynvml is not installed for this python", "devices": [],
+                "processes": []}
+    try:
+        pynvml.nvmlInit()
+    except Exception as exc:
+        return {"source": "nvml", "error": f"NVML init failed: {exc}", "devices": [], "processes": []}
+    devices, processes = [], []
+    try:
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            mem = pynvml.nvmlDeviceGetMemoryInfo(h)
+            name = pynvml.nvmlDeviceGetName(h)
+            devices.append({"index": i, "name": name.decode() if isinstance(name, bytes) else name,
+                            "total": int(mem.total), "used": int(mem.used)})
+            for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h):
+                processes.append({"gpu": i, "pid": int(p.pid), "used": int(p.usedGpuMemory or 0)})
+    finally:
+        pynvml.nvmlShutdown()
+    return {"source": "nvml", "error": None, "devices": devices, "processes": processes}
+
+
+def journal(invocation: str, unit: str, lines: int) -> list[str]:
+    if not invocation or lines <= 0:
+        return []
+    res = subprocess.run(["journalctl", "--no-pager", "-o", "cat", "-n", str(lines),
+                          f"_SYSTEMD_INVOCATION_ID={invocation}"], capture_output=True, text=True, check=False)
+    return res.stdout.splitlines()
+
+
+def file_hash(path: str) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()
+    except OSError:
+        return None
+
+
+def main(spec: dict[str, Any]) -> dict[str, Any]:
+    names = list(spec.get("units", []))
+    if spec.get("all_units"):
+        prefix = spec.get("prefix", "gpudeploy-")
+        for path in sorted(glob.glob(f"{UNIT_DIR}/{prefix}*.service")):
+            if os.path.basename(path) not in names:
+                names.append(os.path.basename(path))
+    shown = systemctl_show(names)
+    units: dict[str, Any] = {}
+    for name in names:
+        props = shown.get(name, {})
+        record = None
+        try:
+            with open(f"{RUNS_DIR}/{name}.json") as f:
+                record = json.load(f)
+        except (OSError, ValueError):
+            pass
+        failed = props.get("ActiveState") == "failed" or props.get("Result", "success") != "success"
+        units[name] = {
+            "props": props,
+            "procs": cgroup_procs(props.get("ControlGroup", "")),
+            "record": record,
+            "journal": journal(props.get("InvocationID", ""), name,
+                               int(spec.get("journal_lines", 60))) if failed else [],
+        }
+        if record:
+            units[name]["recorded_alive"] = [
+                p for p in (proc_info(r["pid"]) for r in record.get("pids", []))
+                if p and any(p["pid"] == r["pid"] and p["start_ticks"] == r["start_ticks"]
+                             for r in record.get("pids", []))]
+    return {
+        "systemd": os.path.isdir("/run/systemd/system"),
+        "hostname": os.uname().nodename,
+        "clock_ticks": os.sysconf("SC_CLK_TCK"),
+        "boot_time": _boot_time(),
+        "now": time.time(),
+        "units": units,
+        "files": {p: file_hash(p) for p in spec.get("files", [])},
+        "listening": {str(k): v for k, v in listening_ports().items()} if spec.get("ports") else {},
+        "gpus": gpus() if spec.get("gpus") else None,
+    }
+
+
+def _boot_time() -> float:
+    with open("/proc/stat") as f:
+        for line in f:
+            if line.startswith("btime "):
+                return float(line.split()[1])
+    return 0.0
+
+
+if __name__ == "__main__":
+    json.dump(main(json.loads(sys.argv[1])), sys.stdout)

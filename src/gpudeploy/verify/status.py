@@ -1,0 +1,109 @@
+"""status: every gpudeploy unit on the selected hosts, checked in parallel, one probe per host."""
+
+from __future__ import annotations
+
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..apply.parallel import for_each_host
+from ..apply.ssh import Remote
+from ..errors import GpudeployError
+from ..model import Host, Plan, Unit
+from .causes import classify
+
+
+@dataclass
+class UnitStatus:
+    host: str
+    unit: str
+    role: str
+    state: str  # ActiveState/SubState
+    main_pid: int
+    uptime_s: float | None
+    ports: dict[str, int]
+    health: str  # "200", "503", "down", "-" (not deployed)
+    healthy: bool
+    deployed: bool
+    procs: list[dict[str, Any]] = field(default_factory=list)
+    orphans: list[dict[str, Any]] = field(default_factory=list)
+    last_failure: str | None = None
+    next_step: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"host": self.host, "unit": self.unit, "role": self.role, "state": self.state,
+                "main_pid": self.main_pid, "uptime_s": self.uptime_s, "ports": self.ports, "health": self.health,
+                "healthy": self.healthy, "deployed": self.deployed, "pids": [p["pid"] for p in self.procs],
+                "orphans": [{"pid": p["pid"], "cmd": p["cmd"]} for p in self.orphans],
+                "last_failure": self.last_failure, "next_step": self.next_step}
+
+
+def status(plan: Plan, hosts: list[Host]) -> dict[str, list[UnitStatus] | GpudeployError]:
+    by_host = {h.name: [u for u in plan.units if u.host.name == h.name] for h in hosts}
+    prefix = f"gpudeploy-{plan.inventory.deployment}-"
+    return for_each_host(hosts, lambda h: host_status(h, by_host[h.name], prefix))
+
+
+def host_status(host: Host, units: list[Unit], prefix: str) -> list[UnitStatus]:
+    with Remote(host) as remote:
+        facts = remote.probe({"units": [u.name for u in units], "all_units": True, "prefix": prefix})
+    planned = {u.name: u for u in units}
+    with ThreadPoolExecutor(max_workers=max(1, len(units))) as pool:
+        health = dict(zip(planned, pool.map(_health, planned.values()), strict=True))
+    out = []
+    for name, uf in facts["units"].items():
+        unit = planned.get(name)
+        out.append(_status(host, name, unit, uf, health.get(name, "-"), facts))
+    return out
+
+
+def _health(unit: Unit) -> str:
+    if not unit.health_url:
+        return "-"
+    try:
+        with urllib.request.urlopen(unit.health_url, timeout=2.0) as resp:  # noqa: S310
+            return str(resp.status)
+    except urllib.error.HTTPError as exc:
+        return str(exc.code)
+    except (urllib.error.URLError, OSError):
+        return "down"
+
+
+def _status(host: Host, name: str, unit: Unit | None, uf: dict[str, Any], health: str,
+            facts: dict[str, Any]) -> UnitStatus:
+    props = uf["props"]
+    record = uf.get("record") or {}
+    active = props.get("ActiveState", "unknown")
+    deployed = props.get("LoadState") == "loaded"
+    uptime = None
+    if active == "active" and record.get("started_us") and record.get("invocation") == props.get("InvocationID"):
+        uptime = max(0.0, facts["now"] - record["started_us"] / 1e6)
+    main_pid = int(props.get("MainPID", "0") or 0)
+    # Processes of a recorded run still alive while the unit is not running: orphans, by exact PID.
+    orphans = list(uf.get("recorded_alive", [])) if active != "active" else []
+    orphans += [p for p in uf["procs"] if active != "active" and p not in orphans]
+    failure = next_step = None
+    if active == "failed" or props.get("Result", "success") not in ("success", ""):
+        cause = classify(uf.get("journal", []), dict(unit.role.settings) if unit else {}, exited=True,
+                         exit_status=f"status={props.get('ExecMainStatus')}, result={props.get('Result')}")
+        if cause:
+            failure, next_step = cause.summary, cause.next_step
+    elif record.get("state") == "failed" and record.get("cause"):
+        failure = record["cause"].get("summary")
+        next_step = record["cause"].get("next_step")
+    healthy = active == "active" and health == "200"
+    return UnitStatus(
+        host=host.name, unit=name, role=unit.role.name if unit else record.get("role", "?"),
+        state=f"{active}/{props.get('SubState', '?')}", main_pid=main_pid, uptime_s=uptime,
+        ports=dict(unit.ports) if unit else {}, health=health, healthy=healthy, deployed=deployed,
+        procs=uf["procs"], orphans=orphans, last_failure=failure, next_step=next_step)
+
+
+def fmt_uptime(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = int(seconds)
+    return time.strftime("%H:%M:%S", time.gmtime(s)) if s < 86400 else f"{s // 86400}d{(s % 86400) // 3600}h"
