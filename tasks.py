@@ -23,6 +23,13 @@ from gpudeploy.plan import load_plan
 from gpudeploy.report import deploy_summary, plan_json, plan_text, status_text
 
 DEFAULT_INVENTORY = "inventory/hosts.yml"
+
+
+def calibration():  # type: ignore[no-untyped-def]
+    from gpudeploy.plan.calibrate import CalibrationStore
+    from gpudeploy.plan.memcheck import DEFAULT_STORE
+
+    return CalibrationStore(DEFAULT_STORE)
 SELECT = {"inventory": "inventory file (default inventory/hosts.yml)", "host": "only this host",
           "role": "only this role"}
 
@@ -42,11 +49,12 @@ def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-@task(help={**SELECT, "json": "one JSON document on stdout"})
+@task(help={**SELECT, "json": "one JSON document on stdout",
+            "suggest": "also list memory settings that fit, with the KV tokens each leaves"})
 @user_errors
-def plan(c, inventory=DEFAULT_INVENTORY, host=None, role=None, json_=False):  # type: ignore[no-untyped-def]
-    """Show what would run where (GPUs, NUMA, ports, command, env, files) without touching anything."""
-    p = load_plan(inventory, host=host, role=role)
+def plan(c, inventory=DEFAULT_INVENTORY, host=None, role=None, json_=False, suggest=False):  # type: ignore[no-untyped-def]
+    """Show what would run where (GPUs, NUMA, ports, command, env, files, memory) without touching anything."""
+    p = load_plan(inventory, host=host, role=role, store=calibration(), suggest=suggest)
     if json_:
         json.dump(plan_json(p), sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -54,7 +62,7 @@ def plan(c, inventory=DEFAULT_INVENTORY, host=None, role=None, json_=False):  # 
         sys.stdout.write(plan_text(p))
 
 
-@task(help={**SELECT, "force": "deploy even when GPUs are busy with foreign processes",
+@task(help={**SELECT, "force": "deploy even when the memory check predicts OOM or GPUs are busy",
             "timeout": "seconds to wait for /health (default: the role's health.timeout_s)",
             "keep_failed": "leave a unit that timed out running, for debugging"})
 @user_errors
@@ -64,12 +72,12 @@ def deploy(c, host, inventory=DEFAULT_INVENTORY, role=None, force=False, timeout
     from gpudeploy.apply.deploy import Options
     from gpudeploy.apply.deploy import deploy as run_deploy
 
-    p = load_plan(inventory, host=host, role=role)
+    p = load_plan(inventory, host=host, role=role, store=calibration())
     if not p.units:
         print(f"nothing is placed on {host}")
         return
     results = run_deploy(p, Options(force=force, timeout_s=float(timeout) if timeout else None,
-                                    keep_failed=keep_failed))
+                                    keep_failed=keep_failed), calibration())
     text, ok = deploy_summary(results)
     print(text)
     if not ok:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from .model import Plan, Unit
@@ -65,7 +64,33 @@ def plan_text(plan: Plan, *, show_files: bool = True) -> str:
 
 
 def memory_line(mem: dict[str, Any]) -> str:
-    return "   memory   " + json.dumps(mem, sort_keys=True)
+    """The per-rank budget table: what the memory preflight predicts, and measured where known."""
+    if mem.get("verdict") == "unknown":
+        return f"   memory   unknown: {mem.get('reason')}"
+    frac = f"{mem['fraction']:.3f}" + (" (SGLang default)" if mem.get("fraction_is_default") else "")
+    rows = [
+        f"   memory   verdict {mem['verdict'].upper()}   per GPU rank, GiB:",
+        f"              capacity {mem['capacity_gib']:.1f}   free before load {mem['preload_free_gib']:.2f}"
+        f"   mem-fraction-static {frac}",
+        f"              weights {mem['weights_gib']:.2f}   KV pool {mem['kv_pool_gib']:.2f}"
+        f" ({mem['kv_tokens']} tokens)" + (f"   state {mem['state_gib']:.2f}" if mem.get("state_gib") else ""),
+        f"              headroom needed {mem['headroom_needed_gib']:.2f} vs available "
+        f"{mem['headroom_available_gib']:.2f}  ("
+        + ", ".join(f"{k} {v:.2f}" for k, v in mem.get("headroom_breakdown", {}).items()) + ")",
+        f"              {mem['reason']}",
+    ]
+    for name, cmp in (mem.get("measured") or {}).items():
+        if isinstance(cmp, dict):
+            rows.append(f"              measured {name}: {cmp['measured']} (predicted {cmp['predicted']})")
+    if mem["verdict"] != "fits":
+        flags = " ".join(mem.get("recommended_flags") or [])
+        rows.append(f"              recommended: {flags or mem.get('message') or mem.get('recommended')}"
+                    + (f"; needs {mem['needs_more_gpus']} GPUs" if mem.get("needs_more_gpus") else ""))
+    for sug in mem.get("suggestions", []):
+        rows.append(f"              fits: {' '.join(sug['flags']) or '(as is)'} -> {sug['kv_tokens']} KV tokens, "
+                    f"{sug['running_requests']} running requests"
+                    + ("" if sug["speculative"] else ", speculative decoding off"))
+    return "\n".join(rows)
 
 
 def deploy_summary(results: dict[str, Any]) -> tuple[str, bool]:

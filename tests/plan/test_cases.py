@@ -83,6 +83,11 @@ def test_case(case_file: Path, tmp_path: Path) -> None:
                 unit_text = got["files"][next(p for p in got["files"] if p.endswith(".service"))]
                 for needle in value:
                     assert needle in unit_text, (needle, unit_text)
+            elif key == "memory_verdict":
+                assert got["memory"]["verdict"] == value, got["memory"]
+            elif key == "memory_flags_have":
+                for flag in value:
+                    assert flag in got["memory"]["recommended_flags"], got["memory"]
             elif key == "env_file_has":
                 env_text = got["files"][next(p for p in got["files"] if p.endswith(".env"))]
                 for needle in value:

@@ -21,6 +21,7 @@ from typing import Any
 from ..errors import GpudeployError, InputError, Problem, RemoteError
 from ..model import Host, Plan, Unit
 from ..plan.build import render_env
+from ..plan.calibrate import CalibrationStore, parse_memory_log
 from ..plan.flags import PROGRAM, flag_for
 from ..plan.render import Renderer
 from ..verify.gate import GateResult, run_gate
@@ -66,7 +67,25 @@ def secrets_for(plan: Plan) -> dict[str, str]:
     return values
 
 
-def deploy(plan: Plan, opts: Options) -> dict[str, list[UnitOutcome] | GpudeployError]:
+def memory_refusals(plan: Plan) -> list[Problem]:
+    """Units whose memory preflight predicts a startup failure, with the settings that would fit."""
+    problems = []
+    for u in plan.units:
+        mem = u.memory or {}
+        if mem.get("verdict") not in (None, "fits", "unknown"):
+            rec = " ".join(mem.get("recommended_flags") or []) or mem.get("message") or "none found"
+            more = f"; or use {mem['needs_more_gpus']} GPUs" if mem.get("needs_more_gpus") else ""
+            problems.append(Problem(f"memory preflight predicts {mem['verdict']}: {mem.get('reason')}. "
+                                    f"Recommended: {rec}{more} (or --force)", file=u.role.file,
+                                    host=u.host.name, role=u.role.name, key="settings"))
+    return problems
+
+
+def deploy(plan: Plan, opts: Options, store: CalibrationStore | None = None
+           ) -> dict[str, list[UnitOutcome] | GpudeployError]:
+    refusals = memory_refusals(plan)
+    if refusals and not opts.force:
+        raise InputError(refusals)
     secrets = secrets_for(plan)
     renderer = Renderer(plan.inventory.templates_dir)
     hosts: dict[str, Host] = {}
@@ -75,9 +94,23 @@ def deploy(plan: Plan, opts: Options) -> dict[str, list[UnitOutcome] | Gpudeploy
 
     def one(host: Host) -> list[UnitOutcome]:
         units = [u for u in plan.units if u.host.name == host.name]
-        return deploy_host(host, units, secrets, renderer, opts)
+        outcomes = deploy_host(host, units, secrets, renderer, opts)
+        if store is not None:
+            for o in outcomes:
+                _calibrate(store, o)
+        return outcomes
 
     return for_each_host(list(hosts.values()), one)
+
+
+def _calibrate(store: CalibrationStore, o: UnitOutcome) -> None:
+    """Keep what the engine measured, so the next plan prefers it over estimates."""
+    if o.gate is None or o.unit.role.engine != "sglang":
+        return
+    measured = parse_memory_log(o.gate.lines)
+    if measured.weights_gib is None and measured.oom_tried_gib is None:
+        return
+    store.put(o.unit.host.name, str(o.unit.role.model.get("path", o.unit.role.name)), o.unit.role.settings, measured)
 
 
 def desired_files(unit: Unit, secrets: dict[str, str], renderer: Renderer) -> dict[str, tuple[bytes, int]]:
@@ -241,6 +274,10 @@ def _start_and_gate(remote: Remote, units: list[Unit], files: dict[str, Any], fa
 
     for u, invocation, start_us, main_pid, _action in started:
         out = results[u.name]
+        cause = out.gate.cause if out.gate else None
+        if cause is not None and cause.kind == "connection-lost":
+            outcomes.append(out)  # nothing more can be done or recorded on that host now
+            continue
         if out.ok:
             procs = remote.probe({"units": [u.name]})["units"][u.name]["procs"]
             out.pids = [p["pid"] for p in procs]
@@ -249,7 +286,6 @@ def _start_and_gate(remote: Remote, units: list[Unit], files: dict[str, Any], fa
                                                                  for p in procs],
                                 "files": {p: hashlib.sha256(d).hexdigest() for p, (d, _) in files[u.name].items()}})
         else:
-            cause = out.gate.cause if out.gate else None
             stopped = ""
             if cause is not None and cause.kind == "timeout" and not opts.keep_failed:
                 # A hung server still holds its GPUs: stop it so the node is not left half started.

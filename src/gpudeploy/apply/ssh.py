@@ -65,6 +65,8 @@ class Remote:
         where = f"{self.host.ssh.user}@{self.host.address}:{self.host.ssh.port}"
         try:
             self.conn.open()
+            # Keepalives make a half-open connection fail instead of hanging a read forever.
+            self.conn.transport.set_keepalive(2)
         except paramiko.BadHostKeyException:
             raise HostUnreachable(self.host.name, f"host key of {where} does NOT match known_hosts "
                                   f"({self.host.ssh.known_hosts or '~/.ssh/known_hosts'}); refusing to connect"
@@ -144,9 +146,10 @@ class Remote:
         tmp = f"{folder}/.{name}.gpudeploy-tmp"
         try:
             sftp = self.conn.sftp()
+            sftp.get_channel().settimeout(30.0)  # a cut-off host must not hang us forever
             with sftp.open(tmp, "wb") as f:
                 f.chmod(mode)  # before any byte of a secret is written
                 f.write(data)
             sftp.posix_rename(tmp, path)
         except (OSError, paramiko.SSHException, EOFError) as exc:
-            raise RemoteError(self.host.name, f"cannot write {path}: {exc}") from None
+            raise RemoteError(self.host.name, f"cannot write {path}: {exc or type(exc).__name__}") from None

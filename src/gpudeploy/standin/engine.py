@@ -539,6 +539,10 @@ class Engine:
                     continue
                 r.eof.wait(0.3)
                 self._drain()
+                if self.stop.is_set():
+                    # systemd's control-group stop sends SIGTERM to every process at once: a
+                    # worker that exited first is part of the shutdown, not a death.
+                    return self.shutdown()
                 if r.errored:
                     return self.fail("Received sigquit from a child process. It usually means the child "
                                      "failed.")

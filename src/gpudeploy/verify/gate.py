@@ -23,6 +23,7 @@ import tenacity
 from tenacity import retry_if_exception_type, retry_if_result, stop_after_delay, wait_exponential
 
 from ..apply.ssh import Remote
+from ..errors import GpudeployError
 from ..model import Unit
 from .causes import Cause, FlagName, classify, fatal_rule, phase_of
 
@@ -34,6 +35,8 @@ def health_wait(interval_s: float) -> tenacity.wait.wait_base:
 
 
 STATE_POLL_S = 0.3
+LOST_AFTER_S = 5.0  # a state poll unanswered this long means the host is cut off
+JOURNAL_CATCH_UP_S = 0.6  # after a death, how long the stream may lag behind the unit's state
 FATAL_GRACE_S = 0.4  # after a fatal line, collect the lines that explain it (e.g. "Possible solutions")
 
 
@@ -61,6 +64,9 @@ class _Watch:
         self.phase = "starting"
         self.fatal_at: float | None = None
         self.exited: str | None = None  # systemd's words about the main process exit
+        self.lost: str | None = None  # the ssh connection broke while we watched
+        self.journal_saw_exit = threading.Event()  # the stream delivered systemd's exit message
+        self.closing = threading.Event()
         self.died_at: float | None = None
         self.lock = threading.Lock()
 
@@ -100,6 +106,7 @@ class _Watch:
         if entry.get("UNIT") != self.unit.name or (inv and inv != self.invocation) or (not inv and ts < self.start_us):
             return
         if "Main process exited" in msg or "Failed with result" in msg or "Deactivated successfully" in msg:
+            self.journal_saw_exit.set()  # everything the process wrote came before this
             self.died(str(msg))
 
 
@@ -119,14 +126,23 @@ def run_gate(remote: Remote, unit: Unit, invocation: str, start_us: int, *,
         ready_at = _poll_health(unit, watch, timeout)
     finally:
         watch.stop.set()
-        if ready_at is None and watch.died_at is not None:
-            time.sleep(0.05)  # the journal may still be delivering the last lines
+        if ready_at is None and watch.died_at is not None and not watch.journal_saw_exit.wait(JOURNAL_CATCH_UP_S):
+            # The state poll saw the death first and the stream lags: read this run's lines directly.
+            _read_whole_run(remote, invocation, watch)
+        watch.closing.set()
         chan.close()
     elapsed = time.monotonic() - watch.t0
     if ready_at is not None:
         watch.set_phase("ready")
         return GateResult(True, "ready", elapsed, lines=watch.lines, ready_at=ready_at)
     settings = dict(unit.role.settings)
+    cause: Cause | None
+    if watch.lost is not None and watch.exited is None:
+        cause = Cause("connection-lost", f"lost the connection to {unit.host.name} while waiting "
+                      f"(last phase reached: {watch.phase})", tuple(watch.lines[-5:]),
+                      "the unit may still be starting there: check the network, then `invoke status`; "
+                      "`invoke deploy` again converges, `invoke teardown` stops it")
+        return GateResult(False, watch.phase, elapsed, cause, watch.lines)
     if watch.exited is not None or watch.fatal_at is not None:
         cause = classify(watch.lines, settings, flag_name, exited=watch.exited is not None,
                          exit_status=_exit_words(watch.exited or ""))
@@ -143,11 +159,26 @@ def _exit_words(msg: str) -> str:
     return msg.split("Main process exited, ", 1)[-1] if "Main process exited" in msg else msg
 
 
+def _read_whole_run(remote: Remote, invocation: str, watch: _Watch) -> None:
+    try:
+        res = remote.run(["journalctl", "--no-pager", "-o", "cat", f"_SYSTEMD_INVOCATION_ID={invocation}"],
+                         timeout=LOST_AFTER_S, check=False)
+    except GpudeployError:
+        return
+    lines = res.stdout.splitlines()
+    if len(lines) > len(watch.lines):
+        watch.lines[:] = lines
+
+
 def _read_journal(chan: Any, watch: _Watch) -> None:
     buf = b""
+    chan.settimeout(0.2)
     try:
-        while not watch.stop.is_set():
-            data = chan.recv(65536)
+        while not watch.closing.is_set():
+            try:
+                data = chan.recv(65536)
+            except TimeoutError:
+                continue
             if not data:
                 return
             buf += data
@@ -165,8 +196,10 @@ def _poll_state(remote: Remote, unit: Unit, watch: _Watch) -> None:
     while not watch.stop.wait(STATE_POLL_S):
         try:
             res = remote.run(["systemctl", "show", "-p", "ActiveState,SubState,InvocationID,ExecMainStatus,Result",
-                              unit.name], timeout=10, check=False)
-        except Exception:  # the connection is gone: the HTTP poll or the caller will say so
+                              unit.name], timeout=LOST_AFTER_S, check=False)
+        except GpudeployError as exc:
+            watch.lost = str(exc)
+            watch.stop.set()
             return
         props = dict(line.split("=", 1) for line in res.stdout.splitlines() if "=" in line)
         if props.get("InvocationID") == watch.invocation and props.get("ActiveState") in ("failed", "inactive"):

@@ -97,7 +97,8 @@ def _status(host: Host, name: str, unit: Unit | None, uf: dict[str, Any], health
     healthy = active == "active" and health == "200"
     return UnitStatus(
         host=host.name, unit=name, role=unit.role.name if unit else record.get("role", "?"),
-        state=f"{active}/{props.get('SubState', '?')}", main_pid=main_pid, uptime_s=uptime,
+        state=f"{active}/{props.get('SubState', '?')}" if deployed else "not deployed",
+        main_pid=main_pid, uptime_s=uptime,
         ports=dict(unit.ports) if unit else {}, health=health, healthy=healthy, deployed=deployed,
         procs=uf["procs"], orphans=orphans, last_failure=failure, next_step=next_step)
 

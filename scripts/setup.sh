@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs what gpudeploy and its lab need on a Debian machine (run as root): Debian packages and
+# a virtualenv in .venv with the package and its dev tools. Safe to run again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need=(python3 python3-venv mmdebstrap systemd-container zstd iproute2 openssh-client)
+missing=()
+for pkg in "${need[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev]'
+echo "setup: done ($(.venv/bin/python --version), $(.venv/bin/invoke --version | head -1))"

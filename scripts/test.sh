@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The test suite: installs what it needs, brings the lab up (real hosts with systemd + sshd),
+# runs lint, types and every test, and always takes the lab down again, also on failure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+
+cleanup() { .venv/bin/python -m gpudeploy.lab down || true; }
+trap cleanup EXIT
+
+.venv/bin/ruff check src tasks.py tests
+.venv/bin/mypy
+.venv/bin/python -m gpudeploy.lab up --hosts 3
+.venv/bin/pytest -ra "$@"

@@ -1,0 +1,85 @@
+"""Helpers for deploy tests on the lab: throwaway inventories and running gpudeploy as a user does."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+KEY = "/var/lib/gpudeploy-lab/id_ed25519"
+KNOWN_HOSTS = "/var/lib/gpudeploy-lab/known_hosts"
+NUMA = [{"id": 0, "gpus": [0, 1, 2, 3], "cpus": "0"}, {"id": 1, "gpus": [4, 5, 6, 7], "cpus": "1"}]
+
+
+def standin_role(fault: str | None = None, *, tp: int = 2, speed: float = 0.3, timeout_s: float = 30,
+                 settings: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
+    env = {"SGLANG_STANDIN_SPEED": str(speed)}
+    if fault:
+        env["SGLANG_STANDIN_FAULT"] = fault
+    role = {"engine": "sglang", "tp_size": tp, "model": {"path": "/models/tiny"},
+            "settings": settings or {}, "env": env, "health": {"timeout_s": timeout_s}, "stop_timeout_s": 3}
+    role.update(extra)
+    return role
+
+
+def write_inventory(root: Path, *, deployment: str, hosts: dict[str, tuple[str, list[Any]]],
+                    roles: dict[str, dict[str, Any]], connect_timeout_s: float = 5) -> Path:
+    """hosts: name -> (address, roles placed). Returns the inventory path."""
+    (root / "roles").mkdir(parents=True, exist_ok=True)
+    for name, role in roles.items():
+        (root / "roles" / f"{name}.yml").write_text(yaml.safe_dump(role, sort_keys=False))
+    inv = {
+        "deployment": deployment, "roles_dir": "roles", "templates_dir": str(REPO / "templates"),
+        "defaults": {"ssh": {"user": "root", "key": KEY, "known_hosts": KNOWN_HOSTS,
+                             "connect_timeout_s": connect_timeout_s},
+                     "gpu_memory_gib": 96, "engine_versions": {"sglang": "0.5.23", "sglang_router": "0.3.2"},
+                     "python": "/usr/bin/python3", "numa_policy": "none"},
+        "hosts": {name: {"address": addr, "numa_nodes": NUMA, "roles": placed}
+                  for name, (addr, placed) in hosts.items()},
+    }
+    path = root / "hosts.yml"
+    path.write_text(yaml.safe_dump(inv, sort_keys=False))
+    return path
+
+
+def gd(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    """Run `invoke ARGS` from the repo, as a user would."""
+    return subprocess.run([sys.executable, "-m", "invoke", "--search-root", str(REPO), *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def status_json(inventory: Path, *extra: str) -> dict[str, Any]:
+    res = gd("status", "--inventory", str(inventory), "--json", *extra)
+    doc: dict[str, Any] = json.loads(res.stdout)
+    return doc
+
+
+def http(url: str, body: dict[str, Any] | None = None, timeout: float = 5) -> tuple[int, str]:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+    except (urllib.error.URLError, OSError) as exc:
+        return 0, str(exc)
+
+
+def wait_for(cond: Callable[[], Any], timeout: float, what: str, every: float = 0.2) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")

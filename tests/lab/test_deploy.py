@@ -1,0 +1,247 @@
+"""deploy / status / teardown / logs on real lab hosts (systemd + sshd) with the SGLang stand-in."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import Lab
+from deploytools import REPO, gd, http, standin_role, status_json, wait_for, write_inventory
+
+pytestmark = pytest.mark.lab
+
+
+class Deployments:
+    """Makes throwaway inventories and tears every one of them down (with --purge) afterwards."""
+
+    def __init__(self, lab: Lab, root: Path) -> None:
+        self.lab = lab
+        self.root = root
+        self.made: list[Path] = []
+
+    def inventory(self, name: str, roles: dict[str, dict[str, Any]], host: str = "lab2",
+                  placed: list[Any] | None = None, extra_hosts: dict[str, tuple[str, list[Any]]] | None = None,
+                  connect_timeout_s: float = 5) -> Path:
+        hosts = {host: (self.lab.address_of(host), placed if placed is not None else list(roles))}
+        hosts.update(extra_hosts or {})
+        path = write_inventory(self.root / name, deployment=name, hosts=hosts, roles=roles,
+                               connect_timeout_s=connect_timeout_s)
+        self.made.append(path)
+        return path
+
+    def cleanup(self) -> None:
+        for path in self.made:
+            for host in ("lab1", "lab2", "lab3"):
+                if f"{host}:" in path.read_text():
+                    gd("teardown", "--inventory", str(path), "--host", host, "--purge")
+
+
+@pytest.fixture
+def deployments(lab: Lab, tmp_path: Path) -> Iterator[Deployments]:
+    d = Deployments(lab, tmp_path)
+    yield d
+    d.cleanup()
+
+
+def unit_pids(lab: Lab, host: str, unit: str) -> list[int]:
+    res = lab.ssh(host, f"cat /sys/fs/cgroup/system.slice/{unit}/cgroup.procs 2>/dev/null || true")
+    return [int(x) for x in res.stdout.split()]
+
+
+def main_pid(lab: Lab, host: str, unit: str) -> int:
+    return int(lab.ssh(host, f"systemctl show -p MainPID --value {unit}", check=True).stdout.strip())
+
+
+def alive(lab: Lab, host: str, pid: int) -> bool:
+    return lab.ssh(host, f"test -e /proc/{pid}").returncode == 0
+
+
+# -- the main job: the shipped lab inventory, PD pair + router -------------------------------------
+
+def test_pd_pair_and_router_deploy_serve_redeploy_and_teardown(lab: Lab) -> None:
+    inv = str(REPO / "inventory" / "lab.yml")
+    try:
+        res = gd("deploy", "--inventory", inv, "--host", "lab1")
+        assert res.returncode == 0, res.stdout + res.stderr
+        for role, port in (("prefill", 30000), ("decode", 30010), ("router", 8000)):
+            assert f"lab1/{role}: started" in res.stdout, res.stdout
+            assert f"http://10.231.0.11:{port}" in res.stdout
+        assert "memory: weights" in res.stdout  # the figures the engine logged
+        # A real generation through the router (prefill + decode), not just /health.
+        code, body = http("http://10.231.0.11:8000/v1/completions",
+                          {"model": "qwen3-235b", "prompt": "hello there", "max_tokens": 8})
+        assert code == 200 and '"text"' in body, body
+        before = {u: main_pid(lab, "lab1", f"gpudeploy-lab-{u}.service") for u in ("prefill", "decode", "router")}
+
+        status = status_json(Path(inv), "--host", "lab1")
+        units = {u["role"]: u for u in status["hosts"]["lab1"]["units"]}
+        assert status["healthy"] and all(units[r]["healthy"] for r in before)
+        assert {r: units[r]["main_pid"] for r in before} == before
+
+        again = gd("deploy", "--inventory", inv, "--host", "lab1")
+        assert again.returncode == 0 and again.stdout.count("unchanged and healthy") == 3, again.stdout
+        assert {u: main_pid(lab, "lab1", f"gpudeploy-lab-{u}.service") for u in before} == before
+
+        workers = unit_pids(lab, "lab1", "gpudeploy-lab-decode.service")
+        assert len(workers) == 1 + 4  # main + one scheduler per TP rank
+    finally:
+        down = gd("teardown", "--inventory", inv, "--host", "lab1", "--purge")
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert down.stdout.count("clean: no process left") == 3, down.stdout
+    for pid in workers:
+        assert not alive(lab, "lab1", pid)
+    assert lab.ssh("lab1", "ls /etc/systemd/system/ | grep -c gpudeploy-lab- || true").stdout.strip() == "0"
+
+
+# -- every startup fault: fail fast, say why, say what to change -----------------------------------
+
+FAULTS = [
+    ("oom-graph", "CUDA out of memory while capturing CUDA graphs", "lower --mem-fraction-static"),
+    ("kv-not-enough", "the KV cache pool came out empty", "raise --mem-fraction-static"),
+    ("weights-oom", "CUDA out of memory before the server was up", "use more GPUs"),
+    ("mamba-oom", "the hybrid (mamba/linear-attention) state cache does not fit", "lower --max-running-requests"),
+    ("silent-exit", "exited (code=exited, status=1/FAILURE) without an error message", "run the same command"),
+    ("worker-dies", "a TP worker (scheduler) process died", "invoke logs"),
+    ("nccl-error", "NCCL failed between the TP workers", "NCCL_DEBUG=INFO"),
+    ("port-in-use", "a port the server needs is already taken", "ports:"),
+]
+
+
+@pytest.mark.parametrize(("fault", "summary", "advice"), FAULTS, ids=[f[0] for f in FAULTS])
+def test_startup_fault_is_reported_with_cause_and_next_step(deployments: Deployments, fault: str, summary: str,
+                                                             advice: str) -> None:
+    name = "f" + re.sub(r"[^a-z]", "", fault)[:10]
+    inv = deployments.inventory(name, {"srv": standin_role(fault, timeout_s=60)})
+    t0 = time.monotonic()
+    res = gd("deploy", "--inventory", str(inv), "--host", "lab2")
+    took = time.monotonic() - t0
+    out = res.stdout + res.stderr
+    assert res.returncode == 1, out
+    assert "Traceback" not in out
+    assert f"cause: {summary}" in out, out
+    assert "next step:" in out and advice in out, out
+    assert took < 30, f"took {took:.1f} s, the health timeout (60 s) must not be what ends it"
+    status = status_json(inv)
+    [unit] = status["hosts"]["lab2"]["units"]
+    assert not unit["healthy"] and unit["state"].startswith("failed")
+    assert unit["last_failure"].startswith(summary.split(" (")[0]), unit
+
+
+def test_hang_times_out_with_last_phase_and_is_stopped(deployments: Deployments, lab: Lab) -> None:
+    inv = deployments.inventory("hang", {"srv": standin_role("hang")})
+    res = gd("deploy", "--inventory", str(inv), "--host", "lab2", "--timeout", "4")
+    assert res.returncode == 1
+    assert "cause: not ready after 4 s; last phase reached: capturing CUDA graphs" in res.stdout, res.stdout
+    assert "the unit was stopped so its GPUs are free again" in res.stdout
+    assert unit_pids(lab, "lab2", "gpudeploy-hang-srv.service") == []
+
+
+def test_crash_after_ready_shows_in_status(deployments: Deployments) -> None:
+    inv = deployments.inventory("crash", {"srv": standin_role("crash-after-ready")})
+    res = gd("deploy", "--inventory", str(inv), "--host", "lab2")
+    assert res.returncode == 0, res.stdout
+    unit = wait_for(lambda: next((u for u in status_json(inv)["hosts"]["lab2"]["units"]
+                                  if u["state"].startswith("failed")), None), 20, "the crash to show")
+    assert unit["last_failure"], unit
+    assert gd("status", "--inventory", str(inv)).returncode == 1
+
+
+def test_failed_deploy_then_good_one_is_not_confused_by_old_journal(deployments: Deployments) -> None:
+    bad = deployments.inventory("again", {"srv": standin_role("oom-graph")})
+    assert gd("deploy", "--inventory", str(bad), "--host", "lab2").returncode == 1
+    good = deployments.inventory("again", {"srv": standin_role(None)})
+    res = gd("deploy", "--inventory", str(good), "--host", "lab2")
+    assert res.returncode == 0, res.stdout
+    assert "out of memory" not in res.stdout.lower() and "lab2/srv: started" in res.stdout
+
+
+def test_changed_role_restarts_unchanged_does_not(deployments: Deployments, lab: Lab) -> None:
+    inv = deployments.inventory("chg", {"srv": standin_role(None)})
+    assert gd("deploy", "--inventory", str(inv), "--host", "lab2").returncode == 0
+    first = main_pid(lab, "lab2", "gpudeploy-chg-srv.service")
+    same = gd("deploy", "--inventory", str(inv), "--host", "lab2")
+    assert "unchanged and healthy" in same.stdout and main_pid(lab, "lab2", "gpudeploy-chg-srv.service") == first
+    inv = deployments.inventory("chg", {"srv": standin_role(None, settings={"max_running_requests": 64})})
+    res = gd("deploy", "--inventory", str(inv), "--host", "lab2")
+    assert res.returncode == 0 and "lab2/srv: restarted" in res.stdout, res.stdout
+    assert main_pid(lab, "lab2", "gpudeploy-chg-srv.service") not in (0, first)
+
+
+def test_ignore_sigterm_and_leaked_worker_leave_nothing_after_teardown(deployments: Deployments, lab: Lab) -> None:
+    inv = deployments.inventory("stubborn", {"deaf": standin_role("ignore-sigterm"),
+                                             "leaky": standin_role("leak-worker")})
+    res = gd("deploy", "--inventory", str(inv), "--host", "lab2")
+    assert res.returncode == 0, res.stdout
+    pids = unit_pids(lab, "lab2", "gpudeploy-stubborn-deaf.service") + \
+        unit_pids(lab, "lab2", "gpudeploy-stubborn-leaky.service")
+    sessions = {int(lab.ssh("lab2", f"ps -o sid= -p {p}").stdout.strip() or 0) for p in pids}
+    assert len(sessions - {0}) >= 3, "the leaked worker should run in a session of its own"
+    down = gd("teardown", "--inventory", str(inv), "--host", "lab2")
+    assert down.returncode == 0 and down.stdout.count("clean: no process left") == 2, down.stdout
+    assert [p for p in pids if alive(lab, "lab2", p)] == []
+    again = gd("teardown", "--inventory", str(inv), "--host", "lab2")  # idempotent
+    assert again.returncode == 0 and again.stdout.count("clean") == 2
+
+
+def test_two_deploys_at_once_are_serialized(deployments: Deployments) -> None:
+    a = deployments.inventory("para", {"one": standin_role(None)}, host="lab3")
+    b = deployments.inventory("parb", {"two": standin_role(None, ports={"http": 30100, "nccl": 30105})}, host="lab3")
+    cmd = [sys.executable, "-m", "invoke", "--search-root", str(REPO), "deploy", "--host", "lab3", "--inventory"]
+    procs = [subprocess.Popen([*cmd, str(p)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for p in (a, b)]
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert any("waiting for another gpudeploy run" in o for o in outs), outs
+
+
+def test_unreachable_host_is_a_per_host_error(deployments: Deployments) -> None:
+    inv = deployments.inventory("reach", {"srv": standin_role(None)}, host="lab2", placed=[],
+                                extra_hosts={"ghost": ("10.231.0.99", ["srv"])}, connect_timeout_s=2)
+    res = gd("deploy", "--inventory", str(inv), "--host", "ghost")
+    assert res.returncode == 1 and "ghost: FAILED:" in res.stdout and "Traceback" not in res.stderr, res.stdout
+    st = gd("status", "--inventory", str(inv))
+    assert st.returncode == 1
+    assert re.search(r"ghost\s+-\s+UNREACHABLE", st.stdout) and re.search(r"lab2\s+-\s+no gpudeploy units", st.stdout)
+
+
+def test_network_cut_during_deploy_gives_clear_error_and_consistent_state(deployments: Deployments,
+                                                                        lab: Lab) -> None:
+    inv = deployments.inventory("cut", {"srv": standin_role(None, speed=4.0, timeout_s=120)}, host="lab3")
+    proc = subprocess.Popen([sys.executable, "-m", "invoke", "--search-root", str(REPO), "deploy", "--host", "lab3",
+                             "--inventory", str(inv)], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    seen = []
+    try:
+        for line in proc.stdout:
+            seen.append(line)
+            if "loading weights" in line:
+                break
+        subprocess.run(["ip", "link", "set", "gdlab-lab3", "down"], check=True)
+        out = "".join(seen) + proc.communicate(timeout=90)[0]
+    finally:
+        subprocess.run(["ip", "link", "set", "gdlab-lab3", "up"], check=True)
+    assert proc.returncode == 1, out
+    assert "lost the connection to lab3" in out or "lab3: FAILED" in out, out
+    assert "Traceback" not in out
+    # Once the network is back, the state is consistent: status sees the unit, a deploy converges.
+    wait_for(lambda: lab.ssh("lab3", "true").returncode == 0, 30, "lab3 reachable again")
+    res = gd("deploy", "--inventory", str(inv), "--host", "lab3")
+    assert res.returncode == 0, res.stdout
+    assert status_json(inv)["healthy"]
+
+
+def test_logs_show_only_the_current_run(deployments: Deployments) -> None:
+    inv = deployments.inventory("logs", {"srv": standin_role("oom-graph")})
+    gd("deploy", "--inventory", str(inv), "--host", "lab2")
+    inv = deployments.inventory("logs", {"srv": standin_role(None)})
+    assert gd("deploy", "--inventory", str(inv), "--host", "lab2").returncode == 0
+    res = gd("logs", "--inventory", str(inv), "--host", "lab2", "--role", "srv")
+    assert res.returncode == 0
+    assert "ready to roll" in res.stdout and "Capture cuda graph failed" not in res.stdout
