@@ -1,7 +1,7 @@
 """gpudeploy's command line: thin invoke tasks that parse flags, call the package, print and exit.
 
     invoke plan     [--host H] [--role R] [--json]
-    invoke deploy   --host H [--role R] [--force] [--timeout S]
+    invoke deploy   [--host H] [--role R] [--force] [--timeout S]
     invoke status   [--host H] [--role R] [--json]
     invoke teardown [--host H] [--role R] [--purge]
     invoke logs     --host H --role R [--follow]
@@ -66,15 +66,15 @@ def plan(c, inventory=DEFAULT_INVENTORY, host=None, role=None, json_=False, sugg
             "timeout": "seconds to wait for /health (default: the role's health.timeout_s)",
             "keep_failed": "leave a unit that timed out running, for debugging"})
 @user_errors
-def deploy(c, host, inventory=DEFAULT_INVENTORY, role=None, force=False, timeout=None,  # type: ignore[no-untyped-def]
+def deploy(c, host=None, inventory=DEFAULT_INVENTORY, role=None, force=False, timeout=None,  # type: ignore[no-untyped-def]
            keep_failed=False):
-    """Deploy the roles of a host (or one role): upload units, start what changed, gate on /health."""
+    """Deploy the roles of a host (all hosts if none given): upload, start what changed, gate on /health."""
     from gpudeploy.apply.deploy import Options
     from gpudeploy.apply.deploy import deploy as run_deploy
 
     p = load_plan(inventory, host=host, role=role, store=calibration())
     if not p.units:
-        print(f"nothing is placed on {host}")
+        print(f"nothing is placed on {host or 'any host'}")
         return
     results = run_deploy(p, Options(force=force, timeout_s=float(timeout) if timeout else None,
                                     keep_failed=keep_failed), calibration())

@@ -106,7 +106,7 @@ FAULTS = [
     ("kv-not-enough", "the KV cache pool came out empty", "raise --mem-fraction-static"),
     ("weights-oom", "CUDA out of memory before the server was up", "use more GPUs"),
     ("mamba-oom", "the hybrid (mamba/linear-attention) state cache does not fit", "lower --max-running-requests"),
-    ("silent-exit", "exited (code=exited, status=1/FAILURE) without an error message", "run the same command"),
+    ("silent-exit", "the server exited (code=exited, status=1/FAILURE) without an error message", "run the same command"),
     ("worker-dies", "a TP worker (scheduler) process died", "invoke logs"),
     ("nccl-error", "NCCL failed between the TP workers", "NCCL_DEBUG=INFO"),
     ("port-in-use", "a port the server needs is already taken", "ports:"),
@@ -123,7 +123,7 @@ def test_startup_fault_is_reported_with_cause_and_next_step(deployments: Deploym
     took = time.monotonic() - t0
     out = res.stdout + res.stderr
     assert res.returncode == 1, out
-    assert "Traceback" not in out
+    assert "Traceback" not in res.stderr  # the engine's own traceback may be evidence; ours never
     assert f"cause: {summary}" in out, out
     assert "next step:" in out and advice in out, out
     assert took < 30, f"took {took:.1f} s, the health timeout (60 s) must not be what ends it"
@@ -191,7 +191,8 @@ def test_ignore_sigterm_and_leaked_worker_leave_nothing_after_teardown(deploymen
 
 def test_two_deploys_at_once_are_serialized(deployments: Deployments) -> None:
     a = deployments.inventory("para", {"one": standin_role(None)}, host="lab3")
-    b = deployments.inventory("parb", {"two": standin_role(None, ports={"http": 30100, "nccl": 30105})}, host="lab3")
+    b = deployments.inventory("parb", {"two": standin_role(None, ports={"http": 30100, "nccl": 30105})}, host="lab3",
+                              placed=[{"role": "two", "numa_node": 1}])
     cmd = [sys.executable, "-m", "invoke", "--search-root", str(REPO), "deploy", "--host", "lab3", "--inventory"]
     procs = [subprocess.Popen([*cmd, str(p)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for p in (a, b)]

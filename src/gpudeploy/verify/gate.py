@@ -79,9 +79,10 @@ class _Watch:
             self.phase = phase
         self.on_phase(phase, time.monotonic() - self.t0)
 
-    def died(self, how: str) -> None:
+    def died(self, how: str, *, from_journal: bool = False) -> None:
         with self.lock:
-            if self.exited is None:
+            # systemd's own journal words ("code=exited, status=1/FAILURE") beat the state poll's.
+            if self.exited is None or (from_journal and "Main process exited" in how):
                 self.exited = how
                 self.died_at = time.monotonic()
         self.stop.set()
@@ -107,7 +108,7 @@ class _Watch:
             return
         if "Main process exited" in msg or "Failed with result" in msg or "Deactivated successfully" in msg:
             self.journal_saw_exit.set()  # everything the process wrote came before this
-            self.died(str(msg))
+            self.died(str(msg), from_journal=True)
 
 
 def run_gate(remote: Remote, unit: Unit, invocation: str, start_us: int, *,
