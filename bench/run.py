@@ -104,9 +104,10 @@ def ansible(root: Path, runs: int) -> dict[str, list[float]] | None:
     if not Path(exe).exists():
         return None
     hosts = root / "ansible-hosts"
+    state = labctl.config.STATE_DIR
     hosts.write_text("[lab]\n" + "\n".join(f"{h} ansible_host={a} ansible_user=root" for h, a in HOSTS.items())
-                     + f"\n[lab:vars]\nansible_ssh_private_key_file={labctl.config.STATE_DIR}/id_ed25519\n"
-                     f"ansible_ssh_common_args=-F /dev/null -o UserKnownHostsFile={labctl.config.STATE_DIR}/known_hosts\n"
+                     + f"\n[lab:vars]\nansible_ssh_private_key_file={state}/id_ed25519\n"
+                     f"ansible_ssh_common_args=-F /dev/null -o UserKnownHostsFile={state}/known_hosts\n"
                      "ansible_python_interpreter=/usr/bin/python3\n")
     adhoc = []
     for _ in range(runs):

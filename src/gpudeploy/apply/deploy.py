@@ -149,7 +149,6 @@ def deploy_host(host: Host, units: list[Unit], secrets: dict[str, str], renderer
             to_start.append(u)
             for path, (data, mode) in files[u.name].items():
                 if facts["files"].get(path) != want[path]:
-                    remote.run(["mkdir", "-p", path.rsplit("/", 1)[0]])
                     remote.put(path, data, mode)
         if to_start:
             remote.run(["systemctl", "daemon-reload"], timeout=60)
@@ -302,5 +301,4 @@ def _start_and_gate(remote: Remote, units: list[Unit], files: dict[str, Any], fa
 
 def _record(remote: Remote, unit: Unit, data: dict[str, Any]) -> None:
     record = {"unit": unit.name, "host": unit.host.name, "role": unit.role.name, "recorded_at": time.time(), **data}
-    remote.run(["mkdir", "-p", RUNS_DIR])
     remote.put(f"{RUNS_DIR}/{unit.name}.json", json.dumps(record, indent=1).encode(), 0o644)

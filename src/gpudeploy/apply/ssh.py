@@ -141,15 +141,9 @@ class Remote:
         return data
 
     def put(self, path: str, data: bytes, mode: int) -> None:
-        """Write ``path`` atomically: a temp file in the same folder, mode set first, then rename."""
+        """Write ``path`` atomically in one round trip: a temp file in the same folder, created
+        0600 (umask) so a secret is never readable by others, mode set, then renamed over."""
         folder, name = path.rsplit("/", 1)
-        tmp = f"{folder}/.{name}.gpudeploy-tmp"
-        try:
-            sftp = self.conn.sftp()
-            sftp.get_channel().settimeout(30.0)  # a cut-off host must not hang us forever
-            with sftp.open(tmp, "wb") as f:
-                f.chmod(mode)  # before any byte of a secret is written
-                f.write(data)
-            sftp.posix_rename(tmp, path)
-        except (OSError, paramiko.SSHException, EOFError) as exc:
-            raise RemoteError(self.host.name, f"cannot write {path}: {exc or type(exc).__name__}") from None
+        script = 'umask 077 && mkdir -p "$1" && cat > "$2" && chmod "$4" "$2" && mv -f "$2" "$3"'
+        self.run(["sh", "-c", script, "put", folder, f"{folder}/.{name}.gpudeploy-tmp", path, f"{mode:o}"],
+                 stdin=data, timeout=60)

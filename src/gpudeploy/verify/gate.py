@@ -34,9 +34,9 @@ def health_wait(interval_s: float) -> tenacity.wait.wait_base:
     return wait_exponential(multiplier=0.05, min=0.05, max=interval_s)
 
 
-STATE_POLL_S = 0.3
+STATE_POLL_S = 0.2
 LOST_AFTER_S = 5.0  # a state poll unanswered this long means the host is cut off
-JOURNAL_CATCH_UP_S = 0.6  # after a death, how long the stream may lag behind the unit's state
+JOURNAL_CATCH_UP_S = 0.3  # after a death, how long the stream may lag behind the unit's state
 FATAL_GRACE_S = 0.4  # after a fatal line, collect the lines that explain it (e.g. "Possible solutions")
 
 
