@@ -8,7 +8,7 @@ bash scripts/setup.sh
 cleanup() { .venv/bin/python -m gpudeploy.lab down || true; }
 trap cleanup EXIT
 
-.venv/bin/ruff check src tasks.py tests
+.venv/bin/ruff check src tasks.py tests bench
 .venv/bin/mypy
 .venv/bin/python -m gpudeploy.lab up --hosts 3
 .venv/bin/pytest -ra "$@"
