@@ -12,6 +12,7 @@ from typing import Any
 
 from ..errors import GpudeployError
 from ..model import Host, Plan, Unit
+from .hostscripts import KILL_EXACT
 from .parallel import for_each_host, say
 from .ssh import Remote
 
@@ -104,9 +105,4 @@ def teardown_host(host: Host, units: list[Unit], prefix: str | None, purge: bool
 
 
 def _kill_exact(remote: Remote, pid: int, start_ticks: int | None) -> None:
-    # Check the start time on the host right before the kill, so a PID reused since is never hit.
-    script = ("import os,signal,sys\npid=int(sys.argv[1]); want=sys.argv[2]\n"
-              "try:\n st=open(f'/proc/{pid}/stat').read()\nexcept OSError:\n sys.exit(0)\n"
-              "ticks=st[st.rindex(')')+2:].split()[19]\n"
-              "if want in ('', 'None') or ticks == want:\n os.kill(pid, signal.SIGKILL)\n")
-    remote.run(["python3", "-c", script, str(pid), str(start_ticks)], check=False)
+    remote.run(["python3", "-c", KILL_EXACT, str(pid), str(start_ticks)], check=False)
