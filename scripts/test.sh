@@ -10,5 +10,8 @@ trap cleanup EXIT
 
 .venv/bin/ruff check src tasks.py tests bench
 .venv/bin/mypy
+# A real engine for the lab's vllm tier: vLLM's CPU build + a tiny model, built once (~3 min) and
+# cached under /var/cache/gpudeploy-lab/engines; lab hosts see it read-only.
+.venv/bin/python -m gpudeploy.lab engine
 .venv/bin/python -m gpudeploy.lab up --hosts 3
 .venv/bin/pytest -ra "$@"

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import InputError, Problem
-from .model import ENGINES, Health, Host, Inventory, NumaNode, PlacementRequest, Role, SshConfig, Where
+from .model import ENGINES, LOG_FORMATS, Health, Host, Inventory, NumaNode, PlacementRequest, Role, SshConfig, Where
 from .yamlsrc import Checker, LineMap, load_yaml
 
 HOST_KEYS = {"address", "ssh", "numa_nodes", "gpu_memory_gib", "engine_versions", "python",
@@ -31,7 +31,7 @@ NUMA_POLICIES = ("bind", "preferred", "interleave", "none")
 DEFAULT_KEYS = HOST_KEYS - {"address", "numa_nodes", "roles"}
 ROLE_KEYS = {"engine", "description", "tp_size", "gpus", "allow_span_numa", "version", "model",
              "settings", "extra_args", "argv", "ports", "upstreams", "env", "secret_env", "health",
-             "stop_timeout_s"}
+             "stop_timeout_s", "log_format"}
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,40}$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 CPU_LIST_RE = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*$")
@@ -253,6 +253,8 @@ def load_role(path: Path, problems: list[Problem]) -> Role | None:
                line=c.where("model"))
     tp = c.get("tp_size", int, default=1, check=lambda v: None if v >= 1 else "must be >= 1")
     gpus = c.get("gpus", int, check=lambda v: None if v >= 0 else "must be >= 0")
+    log_format = c.get("log_format", str, default="sglang",
+                       check=lambda v: None if v in LOG_FORMATS else f"one of {', '.join(LOG_FORMATS)}")
     if len(problems) > before:
         return None
     lines = dict(data.key_lines) if isinstance(data, LineMap) else {}
@@ -268,7 +270,8 @@ def load_role(path: Path, problems: list[Problem]) -> Role | None:
         argv=tuple(str(a) for a in argv), ports=ports, upstreams=upstreams,
         env=_env(c.get("env", dict, default={}) or {}, c, "env"),
         secret_env=tuple(str(s) for s in secret_env), health=health,
-        stop_timeout_s=c.get("stop_timeout_s", float, default=30.0, check=_positive), lines=lines,
+        stop_timeout_s=c.get("stop_timeout_s", float, default=30.0, check=_positive), log_format=log_format,
+        lines=lines,
     )
 
 

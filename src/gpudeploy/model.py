@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 ENGINES = ("sglang", "sglang_router", "command")
+LOG_FORMATS = ("sglang", "vllm")  # which failure-cause/phase table reads a role's log
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,7 @@ class Role:
     secret_env: tuple[str, ...] = ()
     health: Health = field(default_factory=Health)
     stop_timeout_s: float = 30.0
+    log_format: str = "sglang"  # verify.causes table: sglang or vllm
     lines: dict[str, int] = field(default_factory=dict)  # key -> line in the role file
 
     @property

@@ -1,11 +1,11 @@
-"""``python -m gpudeploy.lab up [--hosts N] | down | status``: the lab without invoke (for scripts)."""
+"""``python -m gpudeploy.lab up [--hosts N] | down | status | engine``: the lab without invoke (for scripts)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from gpudeploy.lab import control
+from gpudeploy.lab import control, engine
 from gpudeploy.lab.system import LabError
 
 
@@ -16,10 +16,13 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--hosts", type=int, default=3, help="how many hosts: lab1..labN (default 3)")
     sub.add_parser("down", help="stop every lab host and remove everything it left")
     sub.add_parser("status", help="print each lab host's state")
+    sub.add_parser("engine", help="build (once, cached) the vLLM CPU venv and tiny model the hosts mount")
     args = parser.parse_args(argv)
     try:
         if args.command == "up":
             control.up(args.hosts)
+        elif args.command == "engine":
+            engine.ensure_engine()
         elif args.command == "down":
             control.down()
         else:

@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gpudeploy.lab import config
+from gpudeploy.lab import config, engine
 from gpudeploy.lab.config import Host
 from gpudeploy.lab.system import (
     LabError,
@@ -134,6 +134,8 @@ def nspawn_argv(host: Host, repo: Path) -> list[str]:
         else:
             print(f"lab: warning: {host.name}: {source} does not exist; {target} stays empty",
                   file=sys.stderr, flush=True)
+    engines, guest_engines = engine.bind_mount()  # vLLM venv + tiny model, also when built later
+    argv.append(f"--bind-ro={engines}:{guest_engines}")
     return argv
 
 

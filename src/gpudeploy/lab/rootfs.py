@@ -21,7 +21,8 @@ RECIPE_REVISION = 1
 SUITE = "bookworm"
 MIRROR = os.environ.get("GPUDEPLOY_LAB_MIRROR", "http://deb.debian.org/debian")
 PACKAGES = ("systemd", "systemd-sysv", "dbus", "libpam-systemd", "openssh-server", "python3",
-            "iproute2", "procps", "netbase", "sudo")
+            "iproute2", "procps", "netbase", "sudo",
+            "libnuma1")  # vLLM's CPU build (engine.py, mounted at /opt/gpudeploy/engines) links libnuma
 
 # Units that only cost time or fail in a container with no network and no console.
 MASKED_UNITS = ("apt-daily.timer", "apt-daily-upgrade.timer", "e2scrub_all.timer", "e2scrub_reap.service",

@@ -1,7 +1,9 @@
 """Why a server failed to start, from its own log lines: a pure table of patterns -> cause + next step.
 
-Patterns are SGLang's real texts (see the SGLang reference in shared/reference/sglang.md). The advice
-names flags in the spelling of the host's release, with the values the role uses now.
+One table per engine log format (a role's ``log_format``): ``sglang`` (SGLang's real texts, see
+shared/reference/sglang.md) and ``vllm`` (vLLM's real texts, from its source and from runs of its CPU
+build in the lab). The advice names flags in the spelling of the host's release, with the values the
+role uses now.
 """
 
 from __future__ import annotations
@@ -87,26 +89,109 @@ PHASES: tuple[tuple[str, re.Pattern[str]], ...] = (
 )
 
 
-def phase_of(line: str) -> str | None:
-    for name, pattern in PHASES:
+
+def _vllm(settings: dict[str, object], name: str) -> str:
+    return _setting(settings, name, "vLLM's default")
+
+
+# vLLM's own startup errors (vLLM 0.32, CPU build). Order matters: the first rule that matches any line
+# wins, so the specific causes come before "the engine core died", which vLLM prints after every one.
+VLLM_RULES: tuple[Rule, ...] = (
+    Rule("unknown-flag", re.compile(r"error: (unrecognized arguments|argument [^:]+: (invalid|expected))"),
+         "vLLM rejected its command line (a flag or value this release does not have)",
+         lambda s, f: "fix the role's argv/settings: `python -m vllm.entrypoints.openai.api_server --help` "
+                      "on the host lists what the installed vLLM accepts"),
+    Rule("kv-cache-too-large",
+         # cpu_worker.py: "Available memory on node 0 (x/y GiB) on kv cache allocation is less than
+         # requested memory for kv (z GiB). Decrease --kv-cache-memory-bytes, ..."
+         re.compile(r"(allocation is less than requested memory for kv|Cannot allocate memory)"),
+         "the KV cache asked for does not fit in the memory the host has free",
+         lambda s, f: (f"lower {f('kv_cache_memory_bytes')} (now {_vllm(s, 'kv_cache_memory_bytes')}) "
+                       "or free memory on the host (`free -g`); on CPU the KV cache lives in host RAM")),
+    Rule("kv-cache-too-small",
+         re.compile(r"(KV cache is needed, which is larger than the available KV cache memory"
+                    r"|No available memory for the cache blocks)"),
+         "the KV cache is too small for even one request of --max-model-len tokens",
+         lambda s, f: (f"raise {f('kv_cache_memory_bytes')} (now {_vllm(s, 'kv_cache_memory_bytes')}) or lower "
+                       f"{f('max_model_len')} (now {_vllm(s, 'max_model_len')}); vLLM's message above "
+                       "gives the largest length that fits")),
+    Rule("max-model-len-too-long", re.compile(r"User-specified max_model_len \(\d+\) is greater than"),
+         "--max-model-len is longer than the model's own context length",
+         lambda s, f: (f"lower {f('max_model_len')} (now {_vllm(s, 'max_model_len')}) to the model's "
+                       "max_position_embeddings")),
+    Rule("model-not-found",
+         re.compile(r"(does not appear to have a file named|Invalid repository ID or local directory"
+                    r"|Repo id must be|HFValidationError|No such file or directory: '[^']*config\.json'"
+                    r"|Can't load the configuration of|LocalEntryNotFoundError|OfflineModeIsEnabled)"),
+         "vLLM cannot find or read the model directory (and may not download it: HF_HUB_OFFLINE=1)",
+         lambda s, f: "check the role's model path exists on the host with config.json, weights and tokenizer"),
+    Rule("unsupported-attention", re.compile(r"Unsupported CPU attention configuration"),
+         "the CPU attention backend does not support this model's shape (head_dim must be >= 32)",
+         lambda s, f: "use a model with a larger head_dim (hidden_size / num_attention_heads)"),
+    Rule("port-in-use", re.compile(r"(Address already in use|address already in use|Errno 98)"),
+         "a port the server needs is already taken on the host",
+         lambda s, f: "find who holds it (`ss -ltnp`) or give the role other ports under ports:"),
+    Rule("out-of-memory", re.compile(r"(torch\.OutOfMemoryError|MemoryError|Killed process \d+)"),
+         "the host ran out of memory while vLLM started",
+         lambda s, f: (f"lower {f('kv_cache_memory_bytes')} (now {_vllm(s, 'kv_cache_memory_bytes')}) "
+                       f"or {f('max_model_len')}, or free memory on the host")),
+    Rule("engine-core-died",
+         re.compile(r"(Engine core initialization failed|EngineCore failed to start|"
+                    r"Worker proc \S+ died unexpectedly|WorkerProc initialization failed|EngineDeadError)"),
+         "vLLM's engine core (or its worker) died while starting, so the API server gave up",
+         lambda s, f: "read the EngineCore/Worker lines above; `invoke logs` shows the whole run"),
+)
+
+VLLM_PHASES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("loading weights", re.compile(r"(Starting to load model|Loading weights)")),
+    ("allocating KV cache", re.compile(r"(Model loading took|Loading weights took|KV cache)")),
+    ("capturing CUDA graphs", re.compile(r"Capturing CUDA graph")),
+    ("starting HTTP server", re.compile(r"(init engine \(profile, create kv cache, warmup model\) took"
+                                        r"|Starting vLLM (API )?server)")),
+    ("ready", re.compile(r"Application startup complete")),
+)
+
+
+@dataclass(frozen=True)
+class LogFormat:
+    """How one engine family logs: its fatal texts and its startup phases."""
+
+    name: str
+    rules: tuple[Rule, ...]
+    phases: tuple[tuple[str, re.Pattern[str]], ...]
+
+
+SGLANG = LogFormat("sglang", RULES, PHASES)
+VLLM = LogFormat("vllm", VLLM_RULES, VLLM_PHASES)
+LOG_FORMATS = {f.name: f for f in (SGLANG, VLLM)}
+
+
+def log_format(name: str | None) -> LogFormat:
+    """The table for a role's ``log_format`` (SGLang's when unset or unknown)."""
+    return LOG_FORMATS.get(name or "sglang", SGLANG)
+
+
+def phase_of(line: str, fmt: LogFormat = SGLANG) -> str | None:
+    for name, pattern in fmt.phases:
         if pattern.search(line):
             return name
     return None
 
 
-def fatal_rule(line: str) -> Rule | None:
-    for rule in RULES:
+def fatal_rule(line: str, fmt: LogFormat = SGLANG) -> Rule | None:
+    for rule in fmt.rules:
         if rule.pattern.search(line):
             return rule
     return None
 
 
 def classify(lines: Sequence[str], settings: dict[str, object] | None = None,
-             flag_name: FlagName | None = None, *, exited: bool = True, exit_status: str = "") -> Cause | None:
+             flag_name: FlagName | None = None, *, exited: bool = True, exit_status: str = "",
+             fmt: LogFormat = SGLANG) -> Cause | None:
     """The first matching rule over the run's lines; or "exited without a message" when it died."""
     settings = settings or {}
     flag = flag_name or (lambda name: "--" + name.replace("_", "-"))
-    for rule in RULES:
+    for rule in fmt.rules:
         for i, line in enumerate(lines):
             if rule.pattern.search(line):
                 evidence = tuple(lines[max(0, i - 1): i + 4])

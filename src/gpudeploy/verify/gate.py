@@ -25,7 +25,7 @@ from tenacity import retry_if_exception_type, retry_if_result, stop_after_delay,
 from ..apply.ssh import Remote
 from ..errors import GpudeployError
 from ..model import Unit
-from .causes import Cause, FlagName, classify, fatal_rule, phase_of
+from .causes import Cause, FlagName, classify, fatal_rule, log_format, phase_of
 
 
 # Readiness must be seen within 1 s of /health turning 200: back off from 50 ms to at most the
@@ -69,6 +69,7 @@ class _Watch:
         self.closing = threading.Event()
         self.died_at: float | None = None
         self.lock = threading.Lock()
+        self.fmt = log_format(unit.role.log_format)
 
     def set_phase(self, phase: str) -> None:
         order = ["starting", "loading weights", "allocating KV cache", "capturing CUDA graphs",
@@ -94,10 +95,10 @@ class _Watch:
         if entry.get("_SYSTEMD_INVOCATION_ID") == self.invocation:
             for line in str(msg).splitlines() or [""]:
                 self.lines.append(line)
-                phase = phase_of(line)
+                phase = phase_of(line, self.fmt)
                 if phase:
                     self.set_phase(phase)
-                if fatal_rule(line) and self.fatal_at is None:
+                if fatal_rule(line, self.fmt) and self.fatal_at is None:
                     self.fatal_at = time.monotonic()
                     threading.Timer(FATAL_GRACE_S, self.stop.set).start()
             return
@@ -146,7 +147,7 @@ def run_gate(remote: Remote, unit: Unit, invocation: str, start_us: int, *,
         return GateResult(False, watch.phase, elapsed, cause, watch.lines)
     if watch.exited is not None or watch.fatal_at is not None:
         cause = classify(watch.lines, settings, flag_name, exited=watch.exited is not None,
-                         exit_status=_exit_words(watch.exited or ""))
+                         exit_status=_exit_words(watch.exited or ""), fmt=watch.fmt)
         return GateResult(False, watch.phase, elapsed, cause, watch.lines, died_at=watch.died_at)
     tail = tuple(watch.lines[-8:])
     cause = Cause("timeout", f"not ready after {timeout:g} s; last phase reached: {watch.phase}", tail,

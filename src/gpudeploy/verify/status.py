@@ -13,7 +13,7 @@ from ..apply.parallel import for_each_host
 from ..apply.ssh import Remote
 from ..errors import GpudeployError
 from ..model import Host, Plan, Unit
-from .causes import classify
+from .causes import classify, log_format
 
 
 @dataclass
@@ -88,7 +88,8 @@ def _status(host: Host, name: str, unit: Unit | None, uf: dict[str, Any], health
     failure = next_step = None
     if active == "failed" or props.get("Result", "success") not in ("success", ""):
         cause = classify(uf.get("journal", []), dict(unit.role.settings) if unit else {}, exited=True,
-                         exit_status=f"status={props.get('ExecMainStatus')}, result={props.get('Result')}")
+                         exit_status=f"status={props.get('ExecMainStatus')}, result={props.get('Result')}",
+                         fmt=log_format(unit.role.log_format if unit else None))
         if cause:
             failure, next_step = cause.summary, cause.next_step
     elif record.get("state") == "failed" and record.get("cause"):
