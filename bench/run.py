@@ -115,7 +115,32 @@ def ansible(root: Path, runs: int) -> dict[str, list[float]] | None:
         subprocess.run([exe, "lab", "-i", str(hosts), "-m", "command", "-a",
                         "systemctl show -p MainPID,ActiveState ssh.service"], capture_output=True, check=False)
         adhoc.append(time.time() - t0)
-    return {"adhoc": adhoc}
+    # The usual playbook for "redeploy, nothing changed": same unit file, service started, /health 200.
+    unit = "gpudeploy-bthree-srv.service"
+    text = ssh(HOSTS["lab1"], f"cat /etc/systemd/system/{unit}")
+    (root / "unit").write_text(text)
+    book = root / "redeploy.yml"
+    book.write_text(f"""- hosts: lab
+  gather_facts: false
+  tasks:
+    - copy: {{src: {root / 'unit'}, dest: /etc/systemd/system/{unit}, mode: "0644"}}
+    - systemd_service: {{name: {unit}, state: started}}
+    - uri: {{url: "http://{{{{ ansible_host }}}}:30000/health", status_code: 200}}
+      register: r
+      until: r.status == 200
+      retries: 20
+      delay: 1
+      delegate_to: localhost
+""")
+    playbook = []
+    for _ in range(runs):
+        t0 = time.time()
+        res = subprocess.run([exe + "-playbook", "-i", str(hosts), str(book)], capture_output=True, text=True,
+                             check=False)
+        playbook.append(time.time() - t0)
+        if res.returncode != 0:
+            print("ansible-playbook failed:", res.stdout[-500:])
+    return {"adhoc": adhoc, "playbook": playbook}
 
 
 def main() -> None:
@@ -141,6 +166,7 @@ def main() -> None:
             anchor = ansible(root, args.runs)
             if anchor:
                 print(f"ansible ad-hoc systemctl show, 3 hosts (anchor):    {median(anchor['adhoc'])}")
+                print(f"ansible-playbook redeploy, nothing changed (anchor):{median(anchor['playbook'])}")
             else:
                 print("ansible: not installed here (test-lab.md anchor: ad-hoc 1.05 s, playbook re-run 3.1 s)")
             gd("teardown", "--inventory", str(inv), "--purge")

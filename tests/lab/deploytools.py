@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -51,10 +53,15 @@ def write_inventory(root: Path, *, deployment: str, hosts: dict[str, tuple[str, 
     return path
 
 
+# Tests keep their measured memory figures away from the user's own calibration store.
+CALIBRATION = Path(tempfile.gettempdir()) / f"gpudeploy-test-calibration-{os.getpid()}.json"
+
+
 def gd(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
     """Run `invoke ARGS` from the repo, as a user would."""
     return subprocess.run([sys.executable, "-m", "invoke", "--search-root", str(REPO), *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "GPUDEPLOY_CALIBRATION": str(CALIBRATION)})
 
 
 def status_json(inventory: Path, *extra: str) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -247,3 +248,16 @@ def test_logs_show_only_the_current_run(deployments: Deployments) -> None:
     res = gd("logs", "--inventory", str(inv), "--host", "lab2", "--role", "srv")
     assert res.returncode == 0
     assert "ready to roll" in res.stdout and "Capture cuda graph failed" not in res.stdout
+
+
+def test_measured_memory_figures_feed_the_next_plan(deployments: Deployments) -> None:
+    facts = {"kind": "mha", "weights_gib": 16, "layers": 32, "kv_heads": 8, "head_dim": 128}
+    inv = deployments.inventory("calib", {"srv": standin_role(None, model={"path": "/models/tiny", "facts": facts})})
+    before = json.loads(gd("plan", "--inventory", str(inv), "--json").stdout)["units"][0]["memory"]
+    assert before["verdict"] == "fits" and not before["measured"]
+    assert gd("deploy", "--inventory", str(inv), "--host", "lab2").returncode == 0
+    after = json.loads(gd("plan", "--inventory", str(inv), "--json").stdout)["units"][0]["memory"]
+    assert after["measured"]["weights_gib"]["measured"] == 8.0  # what the engine logged per rank
+    assert "predicted" in after["measured"]["weights_gib"]
+    text = gd("plan", "--inventory", str(inv)).stdout
+    assert "measured weights_gib: 8.0 (predicted" in text
