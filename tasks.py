@@ -91,7 +91,7 @@ def status(c, inventory=DEFAULT_INVENTORY, host=None, role=None, json_=False):  
     from gpudeploy.errors import GpudeployError as Err
     from gpudeploy.verify.status import status as run_status
 
-    p = load_plan(inventory, host=host, role=role)
+    p = load_plan(inventory, host=host, role=role, memory=False)
     hosts = [h for h in p.inventory.hosts.values() if host is None or h.name == host]
     results = run_status(p, hosts)
     if role is not None:
@@ -115,7 +115,7 @@ def teardown(c, inventory=DEFAULT_INVENTORY, host=None, role=None, purge=False):
     from gpudeploy.apply.teardown import teardown as run_teardown
     from gpudeploy.errors import GpudeployError as Err
 
-    p = load_plan(inventory, host=host, role=role)
+    p = load_plan(inventory, host=host, role=role, memory=False)
     hosts = [h for h in p.inventory.hosts.values() if host is None or h.name == host]
     results = run_teardown(p, hosts, purge=purge, whole_deployment=role is None)
     ok = True
@@ -143,7 +143,7 @@ def logs(c, host, role, inventory=DEFAULT_INVENTORY, follow=False):  # type: ign
     """The journal of the unit's current run only (never lines of earlier runs)."""
     from gpudeploy.verify.logs import show_logs
 
-    p = load_plan(inventory, host=host, role=role)
+    p = load_plan(inventory, host=host, role=role, memory=False)
     show_logs(p.units[0], follow=follow)
 
 

@@ -3,19 +3,20 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jinja2
 
 from ..errors import InputError, Problem
 from ..inventory import load_inventory
 from ..model import Host, Inventory, Plan, Role, Unit
-from .calibrate import CalibrationStore
 from .flags import check_args, engine_version, settings_args
-from .memcheck import unit_memory
 from .placement import Placement, place_host
 from .ports import assign_ports
 from .render import Renderer, env_value, exec_line
+
+if TYPE_CHECKING:
+    from .calibrate import CalibrationStore
 
 UNIT_DIR = "/etc/systemd/system"
 ENV_DIR = "/etc/gpudeploy"
@@ -29,16 +30,18 @@ def unit_name(deployment: str, role: str) -> str:
 
 
 def load_plan(inventory_path: str, *, host: str | None = None, role: str | None = None,
-              store: CalibrationStore | None = None, suggest: bool = False) -> Plan:
+              store: CalibrationStore | None = None, suggest: bool = False, memory: bool = True) -> Plan:
     """Parse the inventory and plan it, reporting the problems of both steps together."""
     problems: list[Problem] = []
     inv = load_inventory(inventory_path, problems)
-    return build_plan(inv, host=host, role=role, problems=problems, store=store, suggest=suggest)
+    return build_plan(inv, host=host, role=role, problems=problems, store=store, suggest=suggest,
+                      memory=memory)
 
 
 def build_plan(inv: Inventory, *, host: str | None = None, role: str | None = None,
                problems: list[Problem] | None = None, store: CalibrationStore | None = None,
-               suggest: bool = False) -> Plan:
+               suggest: bool = False, memory: bool = True) -> Plan:
+    """``memory=False`` skips the memory preflight (status, teardown and logs do not need it)."""
     """Compute the whole deployment, then select. Raises InputError with every problem found.
 
     The whole inventory is always checked: a router's upstreams live on other hosts, and a broken
@@ -70,10 +73,11 @@ def build_plan(inv: Inventory, *, host: str | None = None, role: str | None = No
                 continue
             unit = _unit(inv, h, r, placements[h.name][r.name], ports[h.name][r.name], ports,
                          renderer, problems)
-            if unit is not None and unit.engine_version:
-                memory = unit_memory(h, r, unit.gpus, unit.engine_version, store, problems,
-                                     want_suggestions=suggest)
-                unit = replace(unit, memory=memory)
+            if unit is not None and unit.engine_version and memory:
+                from .memcheck import unit_memory  # the memory model is only loaded when asked for
+
+                unit = replace(unit, memory=unit_memory(h, r, unit.gpus, unit.engine_version, store, problems,
+                                                        want_suggestions=suggest))
             if unit is not None:
                 units.append(unit)
     if problems:
