@@ -159,10 +159,13 @@ class LogFormat:
     name: str
     rules: tuple[Rule, ...]
     phases: tuple[tuple[str, re.Pattern[str]], ...]
+    journal_lines: int = 60  # how much of a failed run's journal status reads to find the cause
 
 
 SGLANG = LogFormat("sglang", RULES, PHASES)
-VLLM = LogFormat("vllm", VLLM_RULES, VLLM_PHASES)
+# vLLM prints each error as a traceback from three processes (Worker, EngineCore, APIServer), a few
+# hundred lines in all; the specific cause comes first, "Engine core initialization failed" last.
+VLLM = LogFormat("vllm", VLLM_RULES, VLLM_PHASES, journal_lines=600)
 LOG_FORMATS = {f.name: f for f in (SGLANG, VLLM)}
 
 

@@ -49,7 +49,9 @@ def status(plan: Plan, hosts: list[Host]) -> dict[str, list[UnitStatus] | Gpudep
 
 def host_status(host: Host, units: list[Unit], prefix: str) -> list[UnitStatus]:
     with Remote(host) as remote:
-        facts = remote.probe({"units": [u.name for u in units], "all_units": True, "prefix": prefix})
+        journal_lines = max([log_format(u.role.log_format).journal_lines for u in units] + [60])
+        facts = remote.probe({"units": [u.name for u in units], "all_units": True, "prefix": prefix,
+                              "journal_lines": journal_lines})
     planned = {u.name: u for u in units}
     with ThreadPoolExecutor(max_workers=max(1, len(units))) as pool:
         health = dict(zip(planned, pool.map(_health, planned.values()), strict=True))
