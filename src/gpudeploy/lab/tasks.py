@@ -1,4 +1,4 @@
-"""invoke tasks: ``invoke lab.up --hosts 3``, ``invoke lab.down``, ``invoke lab.status``."""
+"""invoke tasks: ``invoke lab.up --hosts 3``, ``invoke lab.down``, ``invoke lab.status``, ``invoke lab.engine``."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from invoke.context import Context
 from invoke.exceptions import Exit
 from invoke.tasks import task
 
-from gpudeploy.lab import control
+from gpudeploy.lab import control, engine
 from gpudeploy.lab.system import LabError
 
 
@@ -39,5 +39,14 @@ def status(c: Context) -> None:
         print("lab: no hosts")
 
 
-lab_collection = Collection("lab", up, down, status)
+@task(name="engine")
+def engine_(c: Context) -> None:
+    """Build (once, cached) the vLLM CPU venv and tiny model that lab hosts see read-only."""
+    try:
+        engine.ensure_engine()
+    except LabError as exc:
+        raise Exit(f"lab engine failed: {exc}", code=1) from exc
+
+
+lab_collection = Collection("lab", up, down, status, engine_)
 ns = lab_collection
