@@ -64,7 +64,7 @@ def plan(c, inventory=DEFAULT_INVENTORY, host=None, role=None, json_=False, sugg
 
 @task(help={**SELECT, "force": "deploy even when the memory check predicts OOM or GPUs are busy",
             "timeout": "seconds to wait for /health (default: the role's health.timeout_s)",
-            "keep_failed": "leave a unit that timed out running, for debugging"})
+            "keep_failed": "leave a unit that failed its gate (hang, fatal line) running, for debugging"})
 @user_errors
 def deploy(c, host=None, inventory=DEFAULT_INVENTORY, role=None, force=False, timeout=None,  # type: ignore[no-untyped-def]
            keep_failed=False):

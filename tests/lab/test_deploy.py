@@ -107,8 +107,7 @@ FAULTS = [
     ("kv-not-enough", "the KV cache pool came out empty", "raise --mem-fraction-static"),
     ("weights-oom", "CUDA out of memory before the server was up", "use more GPUs"),
     ("mamba-oom", "the hybrid (mamba/linear-attention) state cache does not fit", "lower --max-running-requests"),
-    ("silent-exit", "the server exited (code=exited, status=1/FAILURE) without an error message",
-     "run the same command"),
+    ("silent-exit", "the server exited (", "run the same command"),
     ("worker-dies", "a TP worker (scheduler) process died", "invoke logs"),
     ("nccl-error", "NCCL failed between the TP workers", "NCCL_DEBUG=INFO"),
     ("port-in-use", "a port the server needs is already taken", "ports:"),
@@ -128,6 +127,8 @@ def test_startup_fault_is_reported_with_cause_and_next_step(deployments: Deploym
     assert "Traceback" not in res.stderr  # the engine's own traceback may be evidence; ours never
     assert f"cause: {summary}" in out, out
     assert "next step:" in out and advice in out, out
+    if fault == "silent-exit":  # systemd's words or the state poll's, whichever came first
+        assert "status=1" in out and "without an error message" in out, out
     assert took < 30, f"took {took:.1f} s, the health timeout (60 s) must not be what ends it"
     status = status_json(inv)
     [unit] = status["hosts"]["lab2"]["units"]
@@ -252,7 +253,8 @@ def test_logs_show_only_the_current_run(deployments: Deployments) -> None:
 
 def test_measured_memory_figures_feed_the_next_plan(deployments: Deployments) -> None:
     facts = {"kind": "mha", "weights_gib": 16, "layers": 32, "kv_heads": 8, "head_dim": 128}
-    inv = deployments.inventory("calib", {"srv": standin_role(None, model={"path": "/models/tiny", "facts": facts})})
+    # A model path no other test deploys, so no earlier measurement exists for it in this session.
+    inv = deployments.inventory("calib", {"srv": standin_role(None, model={"path": "/models/calib", "facts": facts})})
     before = json.loads(gd("plan", "--inventory", str(inv), "--json").stdout)["units"][0]["memory"]
     assert before["verdict"] == "fits" and not before["measured"]
     assert gd("deploy", "--inventory", str(inv), "--host", "lab2").returncode == 0

@@ -286,12 +286,14 @@ def _start_and_gate(remote: Remote, units: list[Unit], files: dict[str, Any], fa
                                 "files": {p: hashlib.sha256(d).hexdigest() for p, (d, _) in files[u.name].items()}})
         else:
             stopped = ""
-            if cause is not None and cause.kind == "timeout" and not opts.keep_failed:
-                # A hung server still holds its GPUs: stop it so the node is not left half started.
+            still_running = out.gate is None or out.gate.died_at is None
+            if still_running and not opts.keep_failed:
+                # A server that hangs, or printed a fatal line but lingers, still holds its GPUs:
+                # stop it so the node is not left half started (--keep-failed keeps it for debugging).
                 remote.run(["systemctl", "stop", u.name], timeout=u.role.stop_timeout_s + 30, check=False)
                 stopped = "stopped"
             _record(remote, u, {"state": "failed", "invocation": invocation, "main_pid": main_pid,
-                                "started_us": start_us, "stopped_after_timeout": bool(stopped),
+                                "started_us": start_us, "stopped_after_failure": bool(stopped),
                                 "cause": {"kind": cause.kind, "summary": cause.summary,
                                           "next_step": cause.next_step} if cause else None})
             out.message = stopped
