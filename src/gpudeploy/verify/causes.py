@@ -45,6 +45,11 @@ def _setting(settings: dict[str, object], name: str, default: str = "SGLang's de
     return default if value is None else str(value)
 
 
+# Engine-independent: the kernel's words for a taken port are the same for every server.
+PORT_IN_USE = Rule("port-in-use", re.compile(r"(Address already in use|address already in use|Errno 98)"),
+                   "a port the server needs is already taken on the host",
+                   lambda s, f: "find who holds it (`ss -ltnp`) or give the role other ports under ports:")
+
 RULES: tuple[Rule, ...] = (
     Rule("oom-in-graph-capture", re.compile(r"Capture cuda graph failed: CUDA out of memory"),
          "CUDA out of memory while capturing CUDA graphs: the headroom left by --mem-fraction-static is too small",
@@ -65,9 +70,7 @@ RULES: tuple[Rule, ...] = (
     Rule("unknown-flag", re.compile(r"error: (unrecognized arguments|argument [^:]+: invalid choice)"),
          "the engine rejected its command line (a flag or value this release does not have)",
          lambda s, f: "check the engine_versions of the host against the SGLang actually installed there"),
-    Rule("port-in-use", re.compile(r"(Address already in use|address already in use|Errno 98)"),
-         "a port the server needs is already taken on the host",
-         lambda s, f: "find who holds it (`ss -ltnp`) or give the role other ports under ports:"),
+    PORT_IN_USE,
     Rule("nccl-error", re.compile(r"(NCCL error|DistBackendError|ncclUnhandledCudaError|NCCL WARN)"),
          "NCCL failed between the TP workers",
          lambda s, f: "check the GPUs' health and NCCL_* settings (NCCL_DEBUG=INFO in the role's env shows more)"),
@@ -128,9 +131,7 @@ VLLM_RULES: tuple[Rule, ...] = (
     Rule("unsupported-attention", re.compile(r"Unsupported CPU attention configuration"),
          "the CPU attention backend does not support this model's shape (head_dim must be >= 32)",
          lambda s, f: "use a model with a larger head_dim (hidden_size / num_attention_heads)"),
-    Rule("port-in-use", re.compile(r"(Address already in use|address already in use|Errno 98)"),
-         "a port the server needs is already taken on the host",
-         lambda s, f: "find who holds it (`ss -ltnp`) or give the role other ports under ports:"),
+    PORT_IN_USE,
     Rule("out-of-memory", re.compile(r"(torch\.OutOfMemoryError|MemoryError|Killed process \d+)"),
          "the host ran out of memory while vLLM started",
          lambda s, f: (f"lower {f('kv_cache_memory_bytes')} (now {_vllm(s, 'kv_cache_memory_bytes')}) "
