@@ -1,7 +1,7 @@
 """gpudeploy's command line: thin invoke tasks that parse flags, call the package, print and exit.
 
     invoke plan     [--host H] [--role R] [--json]
-    invoke deploy   [--host H] [--role R] [--force] [--timeout S]
+    invoke deploy   [--host H] [--role R] [--check] [--force] [--timeout S]
     invoke status   [--host H] [--role R] [--json]
     invoke teardown [--host H] [--role R] [--purge]
     invoke logs     --host H --role R [--follow]
@@ -64,10 +64,11 @@ def plan(c, inventory=DEFAULT_INVENTORY, host=None, role=None, json_=False, sugg
 
 @task(help={**SELECT, "force": "deploy even when the memory check predicts OOM or GPUs are busy",
             "timeout": "seconds to wait for /health (default: the role's health.timeout_s)",
-            "keep_failed": "leave a unit that failed its gate (hang, fatal line) running, for debugging"})
+            "keep_failed": "leave a unit that failed its gate (hang, fatal line) running, for debugging",
+            "check": "show what would change on the hosts, with diffs, and change nothing"})
 @user_errors
 def deploy(c, host=None, inventory=DEFAULT_INVENTORY, role=None, force=False, timeout=None,  # type: ignore[no-untyped-def]
-           keep_failed=False):
+           keep_failed=False, check=False):
     """Deploy the roles of a host (all hosts if none given): upload, start what changed, gate on /health."""
     from gpudeploy.apply.deploy import Options
     from gpudeploy.apply.deploy import deploy as run_deploy
@@ -77,7 +78,7 @@ def deploy(c, host=None, inventory=DEFAULT_INVENTORY, role=None, force=False, ti
         print(f"nothing is placed on {host or 'any host'}")
         return
     results = run_deploy(p, Options(force=force, timeout_s=float(timeout) if timeout else None,
-                                    keep_failed=keep_failed), calibration())
+                                    keep_failed=keep_failed, check=check), None if check else calibration())
     text, ok = deploy_summary(results)
     print(text)
     if not ok:

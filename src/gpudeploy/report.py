@@ -107,7 +107,9 @@ def deploy_summary(results: dict[str, Any]) -> tuple[str, bool]:
         for o in res:
             u = o.unit
             tag = f"{host}/{u.role.name}"
-            if o.ok:
+            if o.ok and o.action.startswith("would"):
+                out.append(f"{tag}: {o.action} (--check: nothing was changed)")
+            elif o.ok:
                 pids = f" pids {','.join(map(str, o.pids))}" if o.pids else ""
                 mem = memory_figures(o.gate.lines) if o.gate else ""
                 when = f" in {o.gate.elapsed_s:.1f} s" if o.gate else ""

@@ -164,13 +164,29 @@ def test_failed_deploy_then_good_one_is_not_confused_by_old_journal(deployments:
     assert "out of memory" not in res.stdout.lower() and "lab2/srv: started" in res.stdout
 
 
-def test_changed_role_restarts_unchanged_does_not(deployments: Deployments, lab: Lab) -> None:
-    inv = deployments.inventory("chg", {"srv": standin_role(None)})
+def test_changed_role_restarts_unchanged_does_not(deployments: Deployments, lab: Lab,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("API_TOKEN", "s3cret-value-1")
+    inv = deployments.inventory("chg", {"srv": standin_role(None, secret_env=["API_TOKEN"])})
     assert gd("deploy", "--inventory", str(inv), "--host", "lab2").returncode == 0
     first = main_pid(lab, "lab2", "gpudeploy-chg-srv.service")
+    env_file = lab.ssh("lab2", "stat -c %a /etc/gpudeploy/chg-srv.env; cat /etc/gpudeploy/chg-srv.env").stdout
+    assert env_file.startswith("600\n") and "API_TOKEN=s3cret-value-1" in env_file
+    unit_file = lab.ssh("lab2", "cat /etc/systemd/system/gpudeploy-chg-srv.service").stdout
+    assert "s3cret" not in unit_file
     same = gd("deploy", "--inventory", str(inv), "--host", "lab2")
     assert "unchanged and healthy" in same.stdout and main_pid(lab, "lab2", "gpudeploy-chg-srv.service") == first
-    inv = deployments.inventory("chg", {"srv": standin_role(None, settings={"max_running_requests": 64})})
+    assert "s3cret" not in same.stdout + gd("status", "--inventory", str(inv), "--json").stdout
+
+    monkeypatch.setenv("API_TOKEN", "s3cret-value-2")
+    inv = deployments.inventory("chg", {"srv": standin_role(None, settings={"max_running_requests": 64},
+                                                            secret_env=["API_TOKEN"])})
+    check = gd("deploy", "--inventory", str(inv), "--host", "lab2", "--check")
+    assert check.returncode == 0, check.stdout
+    assert "+ExecStart=" in check.stdout and "--max-running-requests 64" in check.stdout
+    assert "chg-srv.env (only a secret value differs)" in check.stdout and "s3cret" not in check.stdout
+    assert "lab2/srv: would restart (--check: nothing was changed)" in check.stdout
+    assert main_pid(lab, "lab2", "gpudeploy-chg-srv.service") == first
     res = gd("deploy", "--inventory", str(inv), "--host", "lab2")
     assert res.returncode == 0 and "lab2/srv: restarted" in res.stdout, res.stdout
     assert main_pid(lab, "lab2", "gpudeploy-chg-srv.service") not in (0, first)

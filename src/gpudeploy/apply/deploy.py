@@ -7,6 +7,7 @@ and are gated together; routers start after their engines are ready.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import os
@@ -20,7 +21,7 @@ from typing import Any
 
 from ..errors import GpudeployError, InputError, Problem, RemoteError
 from ..model import Host, Plan, Unit
-from ..plan.build import render_env
+from ..plan.build import SECRET_MASK, render_env
 from ..plan.calibrate import CalibrationStore, parse_memory_log
 from ..plan.flags import PROGRAM, flag_for
 from ..plan.render import Renderer
@@ -50,6 +51,7 @@ class Options:
     timeout_s: float | None = None
     keep_failed: bool = False
     lock_wait_s: float = 600.0
+    check: bool = False  # show what would change (with diffs) and touch nothing
 
 
 def secrets_for(plan: Plan) -> dict[str, str]:
@@ -134,6 +136,9 @@ def deploy_host(host: Host, units: list[Unit], secrets: dict[str, str], renderer
                    if facts["units"][u.name]["props"].get("ActiveState") == "active"}
         preflight(host, units, facts, opts)
 
+        if opts.check:
+            return [_check_unit(remote, u, files[u.name], facts, healthy.get(u.name, False)) for u in units]
+
         outcomes: dict[str, UnitOutcome] = {}
         to_start: list[Unit] = []
         for u in units:
@@ -165,6 +170,40 @@ def deploy_host(host: Host, units: list[Unit], secrets: dict[str, str], renderer
             results = _start_and_gate(remote, wave, files, facts, opts)
             outcomes.update({o.unit.name: o for o in results})
         return [outcomes[u.name] for u in units]
+
+
+def _check_unit(remote: Remote, u: Unit, files: dict[str, tuple[bytes, int]], facts: dict[str, Any],
+                healthy: bool) -> UnitOutcome:
+    """--check: what deploy would do to this unit, with a diff of each file it would change."""
+    props = facts["units"][u.name]["props"]
+    changed = [p for p, (data, _) in files.items() if facts["files"].get(p) != hashlib.sha256(data).hexdigest()]
+    tag = f"[{u.host.name}/{u.role.name}]"
+    for path in changed:
+        old = remote.run(["cat", path], check=False).stdout if facts["files"].get(path) else ""
+        new = u.files[path]  # the planned text, secrets masked
+        if path == u.env_path:
+            old = _mask(old, u.secret_names)
+        diff = "".join(difflib.unified_diff(old.splitlines(True), new.splitlines(True),
+                                            fromfile=f"{u.host.name}:{path}", tofile=f"planned:{path}"))
+        say(f"{tag} {'would change' if old else 'would create'} {path}" + (f"\n{diff.rstrip()}" if diff else
+                                                                             " (only a secret value differs)"))
+    active = props.get("ActiveState") == "active"
+    if not changed and active and healthy:
+        action = "unchanged"
+    elif active:
+        action = "would restart"
+    else:
+        action = "would start"
+    say(f"{tag} {action}")
+    return UnitOutcome(u, action, True, int(props.get("MainPID", "0") or 0))
+
+
+def _mask(env_text: str, secret_names: tuple[str, ...]) -> str:
+    lines = []
+    for line in env_text.splitlines(True):
+        name = line.split("=", 1)[0]
+        lines.append(f"{name}={SECRET_MASK}\n" if name in secret_names and "=" in line else line)
+    return "".join(lines)
 
 
 def preflight(host: Host, units: list[Unit], facts: dict[str, Any], opts: Options) -> None:

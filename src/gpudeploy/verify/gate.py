@@ -100,7 +100,9 @@ class _Watch:
                     self.set_phase(phase)
                 if fatal_rule(line, self.fmt) and self.fatal_at is None:
                     self.fatal_at = time.monotonic()
-                    threading.Timer(FATAL_GRACE_S, self.stop.set).start()
+                    timer = threading.Timer(FATAL_GRACE_S, self.stop.set)
+                    timer.daemon = True  # never keeps the process alive after deploy has answered
+                    timer.start()
             return
         # systemd's own messages about the unit: of this start only.
         inv = entry.get("INVOCATION_ID")
