@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..apply.parallel import for_each_host
-from ..apply.ssh import Remote
 from ..errors import GpudeployError
+from ..facts import openssh
 from ..model import Host, Plan, Unit
 from .causes import classify, log_format
 
@@ -48,10 +48,15 @@ def status(plan: Plan, hosts: list[Host]) -> dict[str, list[UnitStatus] | Gpudep
 
 
 def host_status(host: Host, units: list[Unit], prefix: str) -> list[UnitStatus]:
-    with Remote(host) as remote:
-        journal_lines = max([log_format(u.role.log_format).journal_lines for u in units] + [60])
-        facts = remote.probe({"units": [u.name for u in units], "all_units": True, "prefix": prefix,
-                              "journal_lines": journal_lines})
+    journal_lines = max([log_format(u.role.log_format).journal_lines for u in units] + [60])
+    spec = {"units": [u.name for u in units], "all_units": True, "prefix": prefix, "journal_lines": journal_lines}
+    if openssh.available():
+        facts = openssh.probe(host, spec)
+    else:
+        from ..apply.ssh import Remote  # paramiko, where there is no OpenSSH client
+
+        with Remote(host) as remote:
+            facts = remote.probe(spec)
     planned = {u.name: u for u in units}
     with ThreadPoolExecutor(max_workers=max(1, len(units))) as pool:
         health = dict(zip(planned, pool.map(_health, planned.values()), strict=True))
