@@ -130,7 +130,9 @@ def run_gate(remote: Remote, unit: Unit, invocation: str, start_us: int, *,
         ready_at = _poll_health(unit, watch, timeout)
     finally:
         watch.stop.set()
-        if ready_at is None and watch.died_at is not None and not watch.journal_saw_exit.wait(JOURNAL_CATCH_UP_S):
+        # Without a fatal line yet, the last lines decide the cause: let the stream catch up.
+        if (ready_at is None and watch.died_at is not None and watch.fatal_at is None
+                and not watch.journal_saw_exit.wait(JOURNAL_CATCH_UP_S)):
             # The state poll saw the death first and the stream lags: read this run's lines directly.
             _read_whole_run(remote, invocation, watch)
         watch.closing.set()
