@@ -279,3 +279,22 @@ def test_measured_memory_figures_feed_the_next_plan(deployments: Deployments) ->
     assert "predicted" in after["measured"]["weights_gib"]
     text = gd("plan", "--inventory", str(inv)).stdout
     assert "measured weights_gib: 8.0 (predicted" in text
+
+
+def test_status_reads_the_same_facts_over_paramiko_without_an_ssh_client(deployments: Deployments,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpudeploy.facts import openssh
+    from gpudeploy.plan import load_plan
+    from gpudeploy.verify.status import status
+
+    inv = deployments.inventory("both", {"srv": standin_role(None)})
+    assert gd("deploy", "--inventory", str(inv), "--host", "lab2").returncode == 0
+    plan = load_plan(str(inv), memory=False)
+    hosts = list(plan.inventory.hosts.values())
+    via_openssh = status(plan, hosts)["lab2"]
+    monkeypatch.setattr(openssh, "available", lambda: False)
+    via_paramiko = status(plan, hosts)["lab2"]
+    assert isinstance(via_openssh, list) and isinstance(via_paramiko, list)
+    assert [(s.unit, s.state, s.main_pid, s.healthy) for s in via_openssh] == \
+        [(s.unit, s.state, s.main_pid, s.healthy) for s in via_paramiko]
+    assert via_paramiko[0].healthy
