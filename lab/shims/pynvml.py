@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 from typing import Any
+
+from gpudeploy.standin.common import gpus_json_path, live_records
 
 NVML_SUCCESS = 0
 NVML_ERROR_UNINITIALIZED = 1
@@ -135,14 +136,6 @@ class _Handle:
 _state: dict[str, Any] = {"init": 0, "data": None}
 
 
-def _gpus_path() -> Path:
-    return Path(os.environ.get("GPUDEPLOY_LAB_GPUS") or "/etc/gpudeploy-lab/gpus.json")
-
-
-def _procs_dir() -> Path:
-    return Path(os.environ.get("SGLANG_STANDIN_GPU_PROCS_DIR") or "/run/gpudeploy-lab/gpu-procs")
-
-
 def _data() -> dict[str, Any]:
     if not _state["init"]:
         raise NVMLError(NVML_ERROR_UNINITIALIZED)
@@ -151,7 +144,7 @@ def _data() -> dict[str, Any]:
 
 def nvmlInit() -> None:
     try:
-        data = json.loads(_gpus_path().read_text())
+        data = json.loads(gpus_json_path().read_text())
     except (OSError, ValueError) as e:
         raise NVMLError(NVML_ERROR_LIBRARY_NOT_FOUND) from e
     _state["data"] = data
@@ -220,29 +213,9 @@ def nvmlDeviceGetNumaNodeId(handle: _Handle) -> int:
     return numa
 
 
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[-1].split()[:1] not in (["Z"], ["X"])
-
-
 def _live_records(index: int) -> list[tuple[int, int]]:
-    out = []
-    try:
-        paths = sorted(_procs_dir().glob("*.json"))
-    except OSError:
-        return out
-    for p in paths:
-        try:
-            rec = json.loads(p.read_text())
-            pid, gpu, used = int(rec["pid"]), int(rec["gpu"]), int(rec["used_bytes"])
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-        if gpu == index and _alive(pid):
-            out.append((pid, used))
-    return out
+    # The stand-in's workers write these records; one reader for both (dead PIDs are skipped).
+    return [(r["pid"], r["used_bytes"]) for r in live_records() if r["gpu"] == index]
 
 
 def nvmlDeviceGetComputeRunningProcesses(handle: _Handle) -> list[c_nvmlProcessInfo_t]:
