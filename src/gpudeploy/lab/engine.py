@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from gpudeploy.lab.config import CACHE_DIR
-from gpudeploy.lab.system import LabError, run
+from gpudeploy.lab.system import LabError, remove_other_keys, run
 
 RECIPE_REVISION = 1
 PYTHON = "/usr/bin/python3"
@@ -149,10 +149,4 @@ def _ensure_venv_module() -> None:
 
 def remove_stale() -> list[Path]:
     """Delete cached engines of other recipe keys; return what was removed."""
-    removed = []
-    if ENGINES_DIR.is_dir():
-        for path in ENGINES_DIR.glob("vllm-*"):
-            if path.name != base_dir().name and path.is_dir():
-                shutil.rmtree(path)
-                removed.append(path)
-    return removed
+    return remove_other_keys(ENGINES_DIR, "vllm-*", base_dir())

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from gpudeploy.lab.config import CACHE_DIR, GUEST_SHIMS, GUEST_SRC
-from gpudeploy.lab.system import run
+from gpudeploy.lab.system import remove_other_keys, run
 
 RECIPE_REVISION = 1
 SUITE = "bookworm"
@@ -102,10 +102,4 @@ def customize(root: Path) -> None:
 
 def remove_stale() -> list[Path]:
     """Delete cached trees of other recipe keys; return what was removed."""
-    removed = []
-    if CACHE_DIR.is_dir():
-        for path in CACHE_DIR.glob("rootfs-*"):
-            if path.name != base_dir().name and path.is_dir():
-                shutil.rmtree(path)
-                removed.append(path)
-    return removed
+    return remove_other_keys(CACHE_DIR, "rootfs-*", base_dir())

@@ -6,6 +6,7 @@ Nothing here knows about lab hosts; ``host.py`` composes these into a host's lif
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import time
 from collections.abc import Callable, Sequence
@@ -175,3 +176,14 @@ def link_names(prefix: str, kind: str | None = None) -> list[str]:
 
 def link_exists(name: str) -> bool:
     return Path("/sys/class/net", name).exists()
+
+
+def remove_other_keys(folder: Path, pattern: str, keep: Path) -> list[Path]:
+    """Delete the cached builds in ``folder`` matching ``pattern`` except ``keep`` (other recipe keys)."""
+    removed = []
+    if folder.is_dir():
+        for path in folder.glob(pattern):
+            if path.name != keep.name and path.is_dir():
+                shutil.rmtree(path)
+                removed.append(path)
+    return removed
