@@ -34,6 +34,12 @@ SELECT = {"inventory": "inventory file (default inventory/hosts.yml)", "host": "
           "role": "only this role"}
 
 
+def plan_and_hosts(inventory: str, host: str | None, role: str | None) -> tuple[Any, list[Any]]:
+    """The plan for a read-or-stop command (no memory check) and the hosts it looks at."""
+    p = load_plan(inventory, host=host, role=role, memory=False)
+    return p, [h for h in p.inventory.hosts.values() if host is None or h.name == host]
+
+
 def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Turn gpudeploy's own errors into a message and exit status 1, never a traceback."""
 
@@ -92,8 +98,7 @@ def status(c, inventory=DEFAULT_INVENTORY, host=None, role=None, json_=False):  
     from gpudeploy.errors import GpudeployError as Err
     from gpudeploy.verify.status import status as run_status
 
-    p = load_plan(inventory, host=host, role=role, memory=False)
-    hosts = [h for h in p.inventory.hosts.values() if host is None or h.name == host]
+    p, hosts = plan_and_hosts(inventory, host, role)
     results = run_status(p, hosts)
     if role is not None:
         results = {h: (r if isinstance(r, Err) else [s for s in r if s.role == role]) for h, r in results.items()}
@@ -116,8 +121,7 @@ def teardown(c, inventory=DEFAULT_INVENTORY, host=None, role=None, purge=False):
     from gpudeploy.apply.teardown import teardown as run_teardown
     from gpudeploy.errors import GpudeployError as Err
 
-    p = load_plan(inventory, host=host, role=role, memory=False)
-    hosts = [h for h in p.inventory.hosts.values() if host is None or h.name == host]
+    p, hosts = plan_and_hosts(inventory, host, role)
     results = run_teardown(p, hosts, purge=purge, whole_deployment=role is None)
     ok = True
     for h, res in results.items():

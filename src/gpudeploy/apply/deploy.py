@@ -14,8 +14,6 @@ import os
 import shlex
 import threading
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +24,7 @@ from ..plan.calibrate import CalibrationStore, parse_memory_log
 from ..plan.flags import PROGRAM, flag_for
 from ..plan.render import Renderer
 from ..verify.gate import GateResult, run_gate
+from ..verify.status import health_code
 from .lock import HostLock
 from .parallel import for_each_host, say
 from .ssh import Remote
@@ -132,7 +131,7 @@ def deploy_host(host: Host, units: list[Unit], secrets: dict[str, str], renderer
         files = {u.name: desired_files(u, secrets, renderer) for u in units}
         facts = remote.probe({"units": [u.name for u in units], "files": [p for f in files.values() for p in f],
                               "ports": True, "gpus": True})
-        healthy = {u.name: _healthy(u) for u in units
+        healthy = {u.name: health_code(u) == "200" for u in units
                    if facts["units"][u.name]["props"].get("ActiveState") == "active"}
         preflight(host, units, facts, opts)
 
@@ -245,14 +244,6 @@ def preflight(host: Host, units: list[Unit], facts: dict[str, Any], opts: Option
     if problems:
         raise RemoteError(host.name, "preflight failed, nothing was changed:\n"
                           + "\n".join(f"  - {p}" for p in problems))
-
-
-def _healthy(unit: Unit) -> bool:
-    try:
-        with urllib.request.urlopen(unit.health_url, timeout=2.0) as resp:  # noqa: S310
-            return bool(resp.status == 200)
-    except (urllib.error.URLError, OSError):
-        return False
 
 
 def _start_and_gate(remote: Remote, units: list[Unit], files: dict[str, Any], facts: dict[str, Any],

@@ -59,7 +59,7 @@ def host_status(host: Host, units: list[Unit], prefix: str) -> list[UnitStatus]:
             facts = remote.probe(spec)
     planned = {u.name: u for u in units}
     with ThreadPoolExecutor(max_workers=max(1, len(units))) as pool:
-        health = dict(zip(planned, pool.map(_health, planned.values()), strict=True))
+        health = dict(zip(planned, pool.map(health_code, planned.values()), strict=True))
     out = []
     for name, uf in facts["units"].items():
         unit = planned.get(name)
@@ -67,7 +67,8 @@ def host_status(host: Host, units: list[Unit], prefix: str) -> list[UnitStatus]:
     return out
 
 
-def _health(unit: Unit) -> str:
+def health_code(unit: Unit) -> str:
+    """The HTTP status of the unit's health path as text, "down" when nothing answers, "-" without one."""
     if not unit.health_url:
         return "-"
     try:
