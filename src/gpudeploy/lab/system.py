@@ -61,7 +61,8 @@ def cgroup_populated(cgroup: Path) -> bool:
     """True if a v2 cgroup (or any cgroup below it) still holds a process."""
     try:
         events = (cgroup / "cgroup.events").read_text()
-    except FileNotFoundError:
+    except OSError:
+        # ENOENT or ENODEV: systemd inside the host removed the cgroup while we read it.
         return False
     return "populated 1" in events.split("\n")
 
@@ -74,7 +75,9 @@ def cgroup_pids(cgroup: Path) -> list[int]:
     for dirpath, _dirs, _files in os.walk(cgroup):
         try:
             text = (Path(dirpath) / "cgroup.procs").read_text()
-        except FileNotFoundError:
+        except OSError:
+            # The host's own systemd creates and removes cgroups all the time (a session scope
+            # that just ended); reading a removed one gives ENOENT or ENODEV. It held no one.
             continue
         pids.extend(int(line) for line in text.split())
     return pids
@@ -104,7 +107,7 @@ def pid_in_cgroup(pid: int, cgroups: Sequence[str]) -> bool:
     try:
         lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
         stat = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
+    except OSError:
         return False
     if stat.rsplit(")", 1)[1].split()[0] == "Z":
         return False
@@ -118,7 +121,7 @@ def pss_kib(pids: Sequence[int]) -> int:
     for pid in pids:
         try:
             text = Path(f"/proc/{pid}/smaps_rollup").read_text()
-        except (FileNotFoundError, ProcessLookupError, PermissionError):
+        except OSError:  # the process ended while we read it
             continue
         for line in text.splitlines():
             if line.startswith("Pss:"):
