@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+import time
 from typing import Any
 
 import pytest
@@ -47,9 +48,19 @@ def test_systemctl_show_blocks_become_one_dict_per_unit(monkeypatch: pytest.Monk
     assert shown["gpudeploy-lab-router.service"]["ControlGroup"].endswith("gpudeploy-lab-router.service")
 
 
+def _cmdline(pid: int) -> bytes:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return f.read()
+
+
 def test_proc_info_reads_session_and_start_time_of_a_real_process() -> None:
     child = subprocess.Popen(["sleep", "30"], start_new_session=True)
     try:
+        # Popen returns once the exec has closed our CLOEXEC pipe, which the kernel does before
+        # it maps the new argv: for a moment /proc/PID/cmdline is empty. Wait for the exec to end.
+        deadline = time.monotonic() + 5
+        while not _cmdline(child.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
         info = remote_probe.proc_info(child.pid)
         assert info is not None
         assert info["pid"] == child.pid and info["ppid"] == os.getpid()
@@ -67,3 +78,19 @@ def test_listening_ports_names_the_owner_pid() -> None:
         s.listen()
         port = s.getsockname()[1]
         assert os.getpid() in remote_probe.listening_ports()[port]
+
+
+def test_a_process_without_cmdline_is_named_by_its_kernel_name() -> None:
+    # A zombie has an empty cmdline; an orphan report must still say what the process was.
+    child = subprocess.Popen(["sleep", "0"])
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        info = remote_probe.proc_info(child.pid)
+        if info and info["state"] == "Z":
+            break
+        time.sleep(0.01)
+    try:
+        assert info is not None and info["state"] == "Z"
+        assert info["cmd"] == "[sleep]"
+    finally:
+        child.wait()

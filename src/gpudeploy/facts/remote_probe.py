@@ -48,6 +48,11 @@ def proc_info(pid: int) -> dict[str, Any] | None:
         return None
     # Fields after the parenthesised command name; the name itself may contain spaces.
     rest = stat[stat.rindex(")") + 2:].split()
+    if not cmd:
+        # Zombies, kernel threads and a process caught mid-exec (its new argv is not mapped yet)
+        # have an empty cmdline; show the kernel's name for it as ps does, so a reported orphan
+        # is never a bare PID.
+        cmd = "[" + stat[stat.index("(") + 1:stat.rindex(")")] + "]"
     return {"pid": pid, "ppid": int(rest[1]), "sid": int(rest[3]), "start_ticks": int(rest[19]),
             "state": rest[0], "cmd": cmd[:300]}
 
