@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The test suite: installs what it needs, brings the lab up (real hosts with systemd + sshd),
+# The test suite: installs what it needs, runs on a fresh lab (real hosts with systemd + sshd),
 # runs lint, types and every test, and always takes the lab down again, also on failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,5 +13,6 @@ trap cleanup EXIT
 # A real engine for the lab's vllm tier: vLLM's CPU build + a tiny model, built once (~3 min) and
 # cached under /var/cache/gpudeploy-lab/engines; lab hosts see it read-only.
 .venv/bin/python -m gpudeploy.lab engine
-.venv/bin/python -m gpudeploy.lab up --hosts 3
+# The lab tests bring up fresh hosts of this checkout themselves (tests/lab/conftest.py), replacing
+# any lab left up, e.g. by the README's first command.
 .venv/bin/pytest -ra "$@"

@@ -1,8 +1,10 @@
 """The ``lab`` fixture: real hosts (systemd + sshd) on this machine, for tests marked ``lab``.
 
 Needs root, systemd-nspawn and mmdebstrap; otherwise every lab test is skipped with the reason.
-A lab that is already up with >= 3 hosts is used as it is and left up; one this fixture brought up
-is torn down at the end of the session.
+The session always starts on a fresh lab and takes it down at the end. A lab that is already up
+cannot be trusted: it may hold units someone deployed (the README's first command leaves prefill,
+decode and router running on lab1), and its hosts run the stand-in from whichever checkout booted
+them, which need not be this one.
 """
 
 from __future__ import annotations
@@ -70,17 +72,15 @@ def lab() -> Iterator[Lab]:
     if reason:
         print(reason, file=sys.stderr)
         pytest.skip(reason)
-    hosts = up_hosts()
-    brought_up = len(hosts) < MIN_HOSTS
-    if brought_up:
-        try:
-            labctl.up(MIN_HOSTS)
-        except labctl.LabError:
-            labctl.down()
-            raise
-        hosts = up_hosts()
-    the_lab = Lab(hosts=hosts, ssh_key=labctl.SSH_KEY, known_hosts=labctl.KNOWN_HOSTS,
+    if labctl.status():
+        print("lab: taking down the lab that was up, so tests start on fresh hosts", file=sys.stderr)
+    labctl.down()
+    try:
+        labctl.up(MIN_HOSTS)
+    except labctl.LabError:
+        labctl.down()
+        raise
+    the_lab = Lab(hosts=up_hosts(), ssh_key=labctl.SSH_KEY, known_hosts=labctl.KNOWN_HOSTS,
                   inventory=REPO / "inventory" / "lab.yml")
     yield the_lab
-    if brought_up:
-        labctl.down()
+    labctl.down()
