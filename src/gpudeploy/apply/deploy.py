@@ -22,6 +22,7 @@ from ..model import Host, Plan, Unit
 from ..plan.build import SECRET_MASK, render_env
 from ..plan.calibrate import CalibrationStore, parse_memory_log
 from ..plan.flags import PROGRAM, flag_for
+from ..plan.memcheck import memory_verdicts
 from ..plan.render import Renderer
 from ..verify.gate import GateResult, run_gate
 from ..verify.status import health_code
@@ -68,25 +69,13 @@ def secrets_for(plan: Plan) -> dict[str, str]:
     return values
 
 
-def memory_refusals(plan: Plan) -> list[Problem]:
-    """Units whose memory preflight predicts a startup failure, with the settings that would fit."""
-    problems = []
-    for u in plan.units:
-        mem = u.memory or {}
-        if mem.get("verdict") not in (None, "fits", "unknown"):
-            rec = " ".join(mem.get("recommended_flags") or []) or mem.get("message") or "none found"
-            more = f"; or use {mem['needs_more_gpus']} GPUs" if mem.get("needs_more_gpus") else ""
-            problems.append(Problem(f"memory preflight predicts {mem['verdict']}: {mem.get('reason')}. "
-                                    f"Recommended: {rec}{more} (or --force)", file=u.role.file,
-                                    host=u.host.name, role=u.role.name, key="settings"))
-    return problems
-
-
 def deploy(plan: Plan, opts: Options, store: CalibrationStore | None = None
            ) -> dict[str, list[UnitOutcome] | GpudeployError]:
-    refusals = memory_refusals(plan)
+    refusals, warnings = memory_verdicts(plan)
     if refusals and not opts.force:
         raise InputError(refusals)
+    for line in warnings:
+        say(line)
     secrets = secrets_for(plan)
     renderer = Renderer(plan.inventory.templates_dir)
     hosts: dict[str, Host] = {}

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError, Problem
-from ..model import Host, Role
+from ..model import Host, Plan, Role
 from .calibrate import CalibrationStore
 from .flags import flag_for
 from .memory import EngineSettings, budget, recommendation_flags, suggest
@@ -67,3 +67,21 @@ def unit_memory(host: Host, role: Role, gpus: tuple[int, ...], version: str, sto
         doc["suggestions"] = [dict(s.to_json(), flags=recommendation_flags(s.settings, flag))
                               for s in suggest(capacity, facts, settings, measured)]
     return doc
+
+
+def memory_verdicts(plan: Plan) -> tuple[list[Problem], list[str]]:
+    """What the memory preflight says about the plan's units, for deploy.
+
+    Returns (refusals, warnings): a refusal stops the deploy unless ``--force``; a warning is
+    printed and the deploy goes ahead.
+    """
+    problems = []
+    for u in plan.units:
+        mem = u.memory or {}
+        if mem.get("verdict") not in (None, "fits", "unknown"):
+            rec = " ".join(mem.get("recommended_flags") or []) or mem.get("message") or "none found"
+            more = f"; or use {mem['needs_more_gpus']} GPUs" if mem.get("needs_more_gpus") else ""
+            problems.append(Problem(f"memory preflight predicts {mem['verdict']}: {mem.get('reason')}. "
+                                    f"Recommended: {rec}{more} (or --force)", file=u.role.file,
+                                    host=u.host.name, role=u.role.name, key="settings"))
+    return problems, []
