@@ -19,8 +19,9 @@ from typing import Any
 from invoke import Collection, Exit, task
 
 from gpudeploy.errors import GpudeployError
+from gpudeploy.fanout import Interrupted
 from gpudeploy.plan import load_plan
-from gpudeploy.report import deploy_summary, plan_json, plan_text, status_text
+from gpudeploy.report import deploy_summary, interrupted_text, plan_json, plan_text, status_text
 
 DEFAULT_INVENTORY = "inventory/hosts.yml"
 
@@ -38,6 +39,19 @@ def plan_and_hosts(inventory: str, host: str | None, role: str | None) -> tuple[
     """The plan for a read-or-stop command (no memory check) and the hosts it looks at."""
     p = load_plan(inventory, host=host, role=role, memory=False)
     return p, [h for h in p.inventory.hosts.values() if host is None or h.name == host]
+
+
+def seconds(value: str | None, flag: str) -> float | None:
+    """A positive number of seconds from the command line (None when not given)."""
+    if value is None:
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        raise Exit(f"gpudeploy: {flag} takes a number of seconds, not {value!r}", code=1) from None
+    if not 0 < number < float("inf"):
+        raise Exit(f"gpudeploy: {flag} must be more than 0 seconds, got {value!r}", code=1)
+    return number
 
 
 def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -79,12 +93,18 @@ def deploy(c, host=None, inventory=DEFAULT_INVENTORY, role=None, force=False, ti
     from gpudeploy.apply.deploy import Options
     from gpudeploy.apply.deploy import deploy as run_deploy
 
+    timeout_s = seconds(timeout, "--timeout")
     p = load_plan(inventory, host=host, role=role, store=calibration())
     if not p.units:
         print(f"nothing is placed on {host or 'any host'}")
         return
-    results = run_deploy(p, Options(force=force, timeout_s=float(timeout) if timeout else None,
-                                    keep_failed=keep_failed, check=check), None if check else calibration())
+    try:
+        results = run_deploy(p, Options(force=force, timeout_s=timeout_s, keep_failed=keep_failed, check=check),
+                             None if check else calibration())
+    except Interrupted as exc:
+        print(deploy_summary(exc.results)[0])
+        print(interrupted_text(exc.results))
+        raise Exit(code=130) from None
     text, ok = deploy_summary(results)
     print(text)
     if not ok:
@@ -136,6 +156,7 @@ def teardown(c, inventory=DEFAULT_INVENTORY, host=None, role=None, purge=False):
             gpu = "  GPUs " + ", ".join(f"{g}: {v:.1f} GiB used" for g, v in o.gpu_used_gib.items()) \
                 if o.gpu_used_gib else ""
             killed = f"  killed leftover pids {o.killed}" if o.killed else ""
+            killed += f"  NOT killed: {'; '.join(o.refused)}" if o.refused else ""
             verdict = "clean: no process left" if o.clean else f"NOT CLEAN: pids {o.left} alive, GPU {o.gpu_left}"
             print(f"{h}/{o.role}: was {o.was}; {verdict}{killed}{gpu}{'  (purged)' if o.purged else ''}")
     if not ok:

@@ -21,6 +21,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from .controlchars import control_problem
 from .errors import InputError, Problem
 from .model import ENGINES, LOG_FORMATS, Health, Host, Inventory, NumaNode, PlacementRequest, Role, SshConfig, Where
 from .yamlsrc import Checker, LineMap, load_yaml
@@ -32,9 +33,13 @@ DEFAULT_KEYS = HOST_KEYS - {"address", "numa_nodes", "roles"}
 ROLE_KEYS = {"engine", "description", "tp_size", "gpus", "allow_span_numa", "version", "model",
              "settings", "extra_args", "argv", "ports", "upstreams", "env", "secret_env", "health",
              "stop_timeout_s", "log_format"}
-NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,40}$")
-ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-CPU_LIST_RE = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*$")
+# Matched with fullmatch: ``$`` would also accept a name that ends in a newline.
+NAME_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,40}")
+NAME_RULE = "use lowercase letters, digits, - or _ (at most 41, starting with a letter or digit)"
+ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+CPU_LIST_RE = re.compile(r"\d+(-\d+)?(,\d+(-\d+)?)*")
+RESERVED_ENV = {"CUDA_VISIBLE_DEVICES": "the GPUs of the placement (roles: [{role: R, gpus: [...]}])",
+                "CUDA_DEVICE_ORDER": "PCI_BUS_ID, so CUDA's device numbers are NVML's"}
 
 
 def load_inventory(path: str | Path, problems: list[Problem] | None = None) -> Inventory:
@@ -53,7 +58,7 @@ def load_inventory(path: str | Path, problems: list[Problem] | None = None) -> I
     top = Checker(data, problems, str(path))
     top.unknown_keys({"deployment", "roles_dir", "templates_dir", "defaults", "hosts"})
     deployment = top.get("deployment", str, default="default",
-                         check=lambda v: None if NAME_RE.match(v) else "use lowercase letters, digits, - or _")
+                         check=lambda v: None if NAME_RE.fullmatch(v) else NAME_RULE)
     roles_dir = path.parent / top.get("roles_dir", str, default="../roles")
     templates_dir = Path(os.path.normpath(path.parent / top.get("templates_dir", str, default="../templates")))
     defaults = top.child("defaults")
@@ -91,9 +96,8 @@ def load_inventory(path: str | Path, problems: list[Problem] | None = None) -> I
 def _host(name: str, raw: Any, defaults: Checker, problems: list[Problem], file: str,
           parent: Any) -> Host | None:
     line = parent.line_of(name) if isinstance(parent, LineMap) else None
-    if not NAME_RE.match(name):
-        problems.append(Problem("host names use lowercase letters, digits, - or _", file=file,
-                                line=line, host=name))
+    if not NAME_RE.fullmatch(name):
+        problems.append(Problem(f"host name {name!r}: {NAME_RULE}", file=file, line=line, host=name))
     c = Checker(raw, problems, file, host=name, line=line)
     c.unknown_keys(HOST_KEYS)
 
@@ -109,12 +113,13 @@ def _host(name: str, raw: Any, defaults: Checker, problems: list[Problem], file:
         # Host ssh settings override the defaults key by key.
         merged = {**defaults.data["ssh"], **c.data["ssh"]}
         ssh_c = Checker(merged, problems, file, host=name, prefix="ssh.")
+    # user and port left out: ~/.ssh/config decides, else ssh's own defaults (your login name, 22).
     ssh = SshConfig(
-        user=ssh_c.get("user", str, default="root"),
-        port=ssh_c.get("port", int, default=22, check=_port_check),
+        user=ssh_c.get("user", str, default=None),
+        port=ssh_c.get("port", int, default=None, check=_port_check),
         key=_expand(ssh_c.get("key", str), Path(file).parent),
         known_hosts=_expand(ssh_c.get("known_hosts", str), Path(file).parent),
-        connect_timeout_s=ssh_c.get("connect_timeout_s", float, default=5.0),
+        connect_timeout_s=ssh_c.get("connect_timeout_s", float, default=5.0, check=_positive),
     )
 
     numa_raw = c.get("numa_nodes", list, required=True, default=[])
@@ -126,7 +131,7 @@ def _host(name: str, raw: Any, defaults: Checker, problems: list[Problem], file:
         gpus = nc.get("gpus", list, required=True, default=[])
         cpus = nc.get("cpus", (str, int), required=True, default="")
         cpus = str(cpus)
-        if cpus and not CPU_LIST_RE.match(cpus.replace(" ", "")):
+        if cpus and not CPU_LIST_RE.fullmatch(cpus.replace(" ", "")):
             nc.fail(f"CPU list {cpus!r} is not like '0-31' or '0-15,64-79'", "cpus")
         good: list[int] = []
         for g in gpus:
@@ -173,11 +178,14 @@ def _host(name: str, raw: Any, defaults: Checker, problems: list[Problem], file:
     for n, item in enumerate(roles_list):
         item_line = item_lines[n] if n < len(item_lines) else roles_line
         if isinstance(item, str):
-            placements.append(PlacementRequest(role=item, where=Where(file, item_line)))
+            if _role_name_ok(item, c, item_line):
+                placements.append(PlacementRequest(role=item, where=Where(file, item_line)))
         elif isinstance(item, dict):
             pc = Checker(item, problems, file, host=name, prefix="roles.")
             pc.unknown_keys({"role", "numa_node", "gpus"})
             role = pc.get("role", str, required=True, default="?")
+            if not _role_name_ok(role, c, item_line):
+                continue
             gpus = pc.get("gpus", list)
             placements.append(PlacementRequest(
                 role=role, numa_node=pc.get("numa_node", int),
@@ -244,7 +252,7 @@ def load_role(path: Path, problems: list[Problem]) -> Role | None:
     extra = c.get("extra_args", list, default=[]) or []
     secret_env = c.get("secret_env", list, default=[]) or []
     for s in secret_env:
-        if not isinstance(s, str) or not ENV_NAME_RE.match(s):
+        if not isinstance(s, str) or not ENV_NAME_RE.fullmatch(s):
             c.fail(f"secret names are environment variable names, got {s!r}", "secret_env")
     settings = c.get("settings", dict, default={}) or {}
     model = c.get("model", dict, default={}) or {}
@@ -263,7 +271,8 @@ def load_role(path: Path, problems: list[Problem]) -> Role | None:
         if isinstance(sub, LineMap):
             lines.update({f"{section}.{k}": v for k, v in sub.key_lines.items()})
     return Role(
-        name=name, engine=engine, file=str(path), description=c.get("description", str, default=""),
+        name=name, engine=engine, file=str(path),
+        description=c.get("description", str, default="", check=lambda v: control_problem(v)),
         tp_size=tp, gpus=gpus, allow_span_numa=c.get("allow_span_numa", bool, default=False),
         version=str(c.data["version"]) if c.data.get("version") is not None else None,
         model=dict(model), settings=dict(settings), extra_args=tuple(str(a) for a in extra),
@@ -275,15 +284,26 @@ def load_role(path: Path, problems: list[Problem]) -> Role | None:
     )
 
 
+def _role_name_ok(name: str, c: Checker, line: int | None) -> bool:
+    """A placed role names a file ``roles_dir/<name>.yml``: a plain name, never a path."""
+    if NAME_RE.fullmatch(name):
+        return True
+    c.fail(f"role name {name!r}: {NAME_RULE}; roles are files directly in roles_dir", "roles", line=line)
+    return False
+
+
 def _env(raw: dict[str, Any], c: Checker, key: str) -> dict[str, str]:
     out: dict[str, str] = {}
     for k, v in raw.items():
-        if not ENV_NAME_RE.match(str(k)):
+        if not ENV_NAME_RE.fullmatch(str(k)):
             c.fail(f"{k!r} is not a valid environment variable name", key)
+        elif str(k) in RESERVED_ENV:
+            c.fail(f"{k} is set by gpudeploy ({RESERVED_ENV[str(k)]}); remove it from {key}", f"{key}.{k}",
+                   line=c.where(key))
         elif isinstance(v, (dict, list)) or v is None:
             c.fail(f"value of {k} must be a string or number", key)
-        elif "\n" in str(v):
-            c.fail(f"value of {k} must be one line", key)
+        elif control_problem(str(v)):
+            c.fail(f"value of {k}: {control_problem(str(v))}", f"{key}.{k}", line=c.where(key))
         else:
             out[str(k)] = str(v).lower() if isinstance(v, bool) else str(v)
     return out

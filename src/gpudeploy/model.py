@@ -30,8 +30,8 @@ class NumaNode:
 
 @dataclass(frozen=True)
 class SshConfig:
-    user: str = "root"
-    port: int = 22
+    user: str | None = None  # None: ~/.ssh/config's User, else your login name (as ssh does)
+    port: int | None = None  # None: ~/.ssh/config's Port, else 22
     key: str | None = None
     known_hosts: str | None = None
     connect_timeout_s: float = 5.0

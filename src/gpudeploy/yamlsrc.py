@@ -6,7 +6,7 @@ so mappings come back as ``LineMap`` (a dict that knows the line of each key).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -44,13 +44,21 @@ def _construct_mapping(loader: _Loader, node: yaml.MappingNode) -> LineMap:
     out.line = node.start_mark.line + 1
     out.key_lines = {}
     for key_node, value_node in node.value:
-        key = loader.construct_object(key_node, deep=True)
+        key: Any = loader.construct_object(key_node, deep=True)
+        if not _plain_key(key):
+            raise yaml.constructor.ConstructorError(
+                None, None, f"a mapping key must be a plain value, not {_typename(key)}", key_node.start_mark)
         if key in out:
             raise yaml.constructor.ConstructorError(
                 None, None, f"duplicate key {key!r}", key_node.start_mark)
         out[key] = loader.construct_object(value_node, deep=True)
         out.key_lines[key] = key_node.start_mark.line + 1
     return out
+
+
+def _plain_key(key: object) -> bool:
+    # YAML allows `? [a, b]: 1`; a list or mapping cannot be a dict key (TypeError, a traceback).
+    return isinstance(key, Hashable) and not isinstance(key, (list, dict))
 
 
 def _construct_sequence(loader: _Loader, node: yaml.SequenceNode) -> LineList:

@@ -27,7 +27,7 @@ def test_plan_decode_json_on_shipped_inventory() -> None:
     assert res.returncode == 0, res.stderr
     doc = json.loads(res.stdout)
     [decode] = doc["units"]
-    assert decode["host"] == "node171" and decode["unit"] == "gpudeploy-pd-decode.service"
+    assert decode["host"] == "node171" and decode["unit"] == "gpudeploy-pd.decode.service"
     assert len(decode["gpus"]) == 4
 
     everything = json.loads(invoke("plan", "--host", "node171", "--json").stdout)["units"]

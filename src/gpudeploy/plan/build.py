@@ -13,7 +13,8 @@ from ..model import Host, Inventory, Plan, Role, Unit
 from .flags import check_args, engine_version, settings_args
 from .placement import Placement, place_host
 from .ports import assign_ports
-from .render import Renderer, env_value, exec_line
+from .render import Renderer, control_problem, env_value, exec_line
+from .render import unit_text as description_text
 
 if TYPE_CHECKING:
     from .calibrate import CalibrationStore
@@ -25,8 +26,19 @@ SECRET_MASK = "********"  # noqa: S105 - the mask, not a secret
 MODULES = {"sglang": "sglang.launch_server", "sglang_router": "sglang_router.launch_router"}
 
 
+def unit_stem(deployment: str, role: str) -> str:
+    """``<deployment>.<role>``: names hold no ``.``, so no two (deployment, role) pairs share a stem
+    (with ``-`` between them, ``pd``/``test-decode`` and ``pd-test``/``decode`` would)."""
+    return f"{deployment}.{role}"
+
+
 def unit_name(deployment: str, role: str) -> str:
-    return f"gpudeploy-{deployment}-{role}.service"
+    return f"gpudeploy-{unit_stem(deployment, role)}.service"
+
+
+# Set by gpudeploy from the placement: a host or role env setting them would run the engine on
+# GPUs the preflight never checked, or number them differently from NVML.
+RESERVED_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
 
 
 def load_plan(inventory_path: str, *, host: str | None = None, role: str | None = None,
@@ -96,7 +108,7 @@ def _unit(inv: Inventory, host: Host, role: Role, placed: Placement, my_ports: d
     before = len(problems)
     version = engine_version(host, role, problems)
     name = unit_name(inv.deployment, role.name)
-    stem = f"{inv.deployment}-{role.name}"
+    stem = unit_stem(inv.deployment, role.name)
     state_dir = f"{STATE_ROOT}/gpudeploy/{stem}"
     argv: list[str] = []
     if role.engine == "sglang" and version:
@@ -105,12 +117,26 @@ def _unit(inv: Inventory, host: Host, role: Role, placed: Placement, my_ports: d
         argv = _router_argv(inv, host, role, version, my_ports, all_ports, problems)
     elif role.engine == "command":
         argv = _command_argv(host, role, placed, my_ports, state_dir, renderer, problems)
+    # An engine's flag values never hold a newline: one there is a mistake (a folded `>` YAML
+    # value), refused. A command role's own argv may (a multi-line `python3 -c` script): the unit
+    # file carries it as C escapes, which systemd decodes back (render.systemd_word).
+    checked = argv if role.engine != "command" else []
+    for i, word in enumerate(checked):
+        bad = control_problem(word)
+        if bad:
+            key = _argv_key(role, word)
+            problems.append(Problem(f"command line word {i} {bad}", file=role.file,
+                                    line=role.lines.get(key, role.lines.get(key.split(".")[0])),
+                                    host=host.name, role=role.name, key=key))
     if len(problems) > before:
         return None
 
     env: dict[str, str] = {}
     if placed.gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in placed.gpus)
+        # CUDA's default order is fastest-first; NVML's (and so preflight's and teardown's) is PCI
+        # bus order. With this, CUDA device N is NVML GPU N.
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     env.update(host.env)
     env.update(role.env)
     env_path = f"{ENV_DIR}/{stem}.env"
@@ -118,7 +144,7 @@ def _unit(inv: Inventory, host: Host, role: Role, placed: Placement, my_ports: d
     where = {"host": host.name, "role": role.name}
     unit_text = renderer.render("engine.service.j2", {
         "unit": name, "host": host.name, "deployment": inv.deployment,
-        "role": role.name, "engine": role.engine, "description": role.description,
+        "role": role.name, "engine": role.engine, "description": description_text(role.description),
         "env_path": env_path, "exec_start": exec_line(argv), "state_dir_name": f"gpudeploy/{stem}",
         "syslog_identifier": f"gpudeploy-{stem}", "stop_timeout_s": _seconds(role.stop_timeout_s),
         "binding": _binding(host, placed),
@@ -134,6 +160,19 @@ def _unit(inv: Inventory, host: Host, role: Role, placed: Placement, my_ports: d
         health_url=f"http://{host.address}:{my_ports['http']}{role.health.path}" if "http" in my_ports else "",
         files={unit_path: unit_text, env_path: env_text},
     )
+
+
+def _argv_key(role: Role, word: str) -> str:
+    """The role key a command line word most likely came from, for the error message."""
+    for name, value in role.settings.items():
+        values = value if isinstance(value, list) else [value]
+        if word in (str(v) for v in values):
+            return f"settings.{name}"
+    if word in role.extra_args:
+        return "extra_args"
+    if word == str(role.model.get("path")):
+        return "model.path"
+    return "argv"
 
 
 def render_env(renderer: Renderer, unit: str, host: str, role: str, env: dict[str, str],

@@ -1,6 +1,8 @@
 """Templates in, file texts out. Jinja2 with StrictUndefined; all decisions are made in Python.
 
-Values are escaped here, not in the templates, so a template never needs logic to be safe.
+Values are escaped here, not in the templates, so a template never needs logic to be safe. Role
+files are data: their argv templates (and the unit templates) render in Jinja's immutable sandbox,
+so ``{{ cycler.__init__.__globals__.os.popen(...) }}`` is a SecurityError, not a shell.
 """
 
 from __future__ import annotations
@@ -12,22 +14,38 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+import jinja2.sandbox
 
+from ..controlchars import CONTROL as _CONTROL
+from ..controlchars import control_problem
 from ..errors import Problem
 
-_SAFE = re.compile(r"^[A-Za-z0-9_@+=:,./-]+$")
+_SAFE = re.compile(r"[A-Za-z0-9_@+=:,./-]+")
+
+__all__ = ["Renderer", "control_problem", "env_value", "exec_line", "systemd_word", "unit_text"]
+
+def _c_escape(text: str) -> str:
+    # systemd unquotes ExecStart words with C escapes; a control character can only travel as \xNN.
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
 def systemd_word(arg: str) -> str:
     """Quote one argv element for ExecStart= (systemd's own rules, not a shell's).
 
-    ``%`` starts a specifier and ``$`` a variable expansion in ExecStart=, so both are doubled.
+    ``%`` starts a specifier and ``$`` a variable expansion in ExecStart=, so both are doubled;
+    backslash and quote are escaped inside double quotes; control characters (refused earlier by
+    the plan) would be written as C escapes, never raw.
     """
     escaped = arg.replace("%", "%%").replace("$", "$$")
-    if arg and _SAFE.match(arg):
+    if arg and _SAFE.fullmatch(arg):
         return escaped
     escaped = escaped.replace("\\", "\\\\").replace('"', '\\"')
-    return f'"{escaped}"'
+    return f'"{_c_escape(escaped)}"'
+
+
+def unit_text(value: str) -> str:
+    """A free-text value for a unit file setting such as Description=: ``%`` is a specifier there."""
+    return _c_escape(value.replace("%", "%%"))
 
 
 def exec_line(argv: list[str] | tuple[str, ...]) -> str:
@@ -35,21 +53,26 @@ def exec_line(argv: list[str] | tuple[str, ...]) -> str:
 
 
 def env_value(value: str) -> str:
-    """Quote a value for an EnvironmentFile= line (double quotes, backslash escapes)."""
-    if value and re.match(r"^[A-Za-z0-9_@+=:,./-]+$", value):
+    """Quote a value for an EnvironmentFile= line.
+
+    systemd reads a double-quoted value like a POSIX shell double-quoted string: backslash keeps
+    the next ``"``, ``\\``, `` ` `` or ``$``, and the value may span lines (a multi-line secret
+    stays one value). Nothing else in the value is special there.
+    """
+    if value and _SAFE.fullmatch(value):
         return value
-    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return '"' + re.sub(r'(["\\`$])', r"\\\1", value) + '"'
 
 
 class Renderer:
     def __init__(self, templates_dir: str | Path) -> None:
         self.dir = Path(templates_dir)
         # Not HTML: autoescaping would corrupt unit files. Values are escaped in Python instead.
-        self.env = jinja2.Environment(
+        self.env = jinja2.sandbox.ImmutableSandboxedEnvironment(
             loader=jinja2.FileSystemLoader(str(self.dir)),
             undefined=jinja2.StrictUndefined,
             keep_trailing_newline=True,
-            autoescape=False,  # noqa: S701
+            autoescape=False,
         )
 
     def render(self, name: str, context: Mapping[str, Any], problems: list[Problem],
@@ -65,6 +88,9 @@ class Renderer:
         except jinja2.UndefinedError as exc:
             problems.append(Problem(f"template variable is not defined: {exc.message}",
                                     file=str(self.dir / name), line=_template_line(exc, name), **where))
+        except jinja2.TemplateError as exc:  # e.g. SecurityError: the sandbox refused an attribute
+            problems.append(Problem(f"template error: {exc}", file=str(self.dir / name),
+                                    line=_template_line(exc, name), **where))
         return None
 
     def render_string(self, text: str, context: Mapping[str, Any]) -> str:
