@@ -61,7 +61,7 @@ def crash_latency(root: Path, runs: int) -> list[float]:
         end = time.monotonic()
         # Lab hosts share this machine's kernel, so their CLOCK_MONOTONIC is ours (microseconds;
         # the realtime property is printed in whole seconds only).
-        died = int(show(HOSTS["lab2"], "gpudeploy-bcrash-srv.service", "ExecMainExitTimestampMonotonic")) / 1e6
+        died = int(show(HOSTS["lab2"], "gpudeploy-bcrash.srv.service", "ExecMainExitTimestampMonotonic")) / 1e6
         out.append(end - died)
         gd("teardown", "--inventory", str(inv), "--purge")
     return out
@@ -75,7 +75,7 @@ def ready_latency(root: Path, runs: int) -> list[float]:
         res = gd("deploy", "--inventory", str(inv), "--host", "lab2")
         end = time.time()
         assert res.returncode == 0, res.stdout
-        inv_id = show(HOSTS["lab2"], "gpudeploy-bready-srv.service", "InvocationID")
+        inv_id = show(HOSTS["lab2"], "gpudeploy-bready.srv.service", "InvocationID")
         lines = ssh(HOSTS["lab2"], f"journalctl -o json _SYSTEMD_INVOCATION_ID={inv_id} --no-pager").splitlines()
         ready = next(json.loads(x) for x in lines if "ready to roll" in json.loads(x).get("MESSAGE", ""))
         out.append(end - int(ready["__REALTIME_TIMESTAMP"]) / 1e6)
@@ -118,7 +118,7 @@ def ansible(root: Path, runs: int) -> dict[str, list[float]] | None:
                         "systemctl show -p MainPID,ActiveState ssh.service"], capture_output=True, check=False)
         adhoc.append(time.time() - t0)
     # The usual playbook for "redeploy, nothing changed": same unit file, service started, /health 200.
-    unit = "gpudeploy-bthree-srv.service"
+    unit = "gpudeploy-bthree.srv.service"
     text = ssh(HOSTS["lab1"], f"cat /etc/systemd/system/{unit}")
     (root / "unit").write_text(text)
     book = root / "redeploy.yml"

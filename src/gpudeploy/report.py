@@ -125,6 +125,26 @@ def deploy_summary(results: dict[str, Any]) -> tuple[str, bool]:
     return "\n".join(out), ok
 
 
+def interrupted_text(results: dict[str, Any]) -> str:
+    """After Ctrl-C: exactly what this run left starting, where, and how to stop it."""
+    from .errors import GpudeployError
+
+    left = [(host, o) for host, res in results.items() if not isinstance(res, GpudeployError)
+            for o in res if getattr(o, "left_running", False)]
+    unknown = [host for host, res in results.items() if isinstance(res, GpudeployError)]
+    lines = ["interrupted (Ctrl-C)."]
+    if left:
+        lines.append("left running, still starting:")
+        lines += [f"  {host}/{o.unit.role.name}: {o.unit.name} MainPID {o.main_pid} "
+                  f"(`invoke teardown --host {host} --role {o.unit.role.name}` stops it)" for host, o in left]
+    else:
+        lines.append("nothing this run started is left starting.")
+    if unknown:
+        lines.append("not known (the host did not answer in time): " + ", ".join(unknown)
+                     + "; `invoke status` shows what runs there")
+    return "\n".join(lines)
+
+
 def memory_figures(lines: list[str]) -> str:
     """The memory figures the engine logged, in one line (empty if it logged none)."""
     import re

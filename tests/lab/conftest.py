@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from deploytools import Deployments
 
 from gpudeploy import lab as labctl
 
@@ -84,3 +85,11 @@ def lab() -> Iterator[Lab]:
                   inventory=REPO / "inventory" / "lab.yml")
     yield the_lab
     labctl.down()
+
+
+@pytest.fixture
+def deployments(lab: Lab, tmp_path: Path) -> Iterator[Deployments]:
+    """Throwaway inventories, each torn down (with --purge) after the test."""
+    d = Deployments(lab, tmp_path)
+    yield d
+    d.cleanup()

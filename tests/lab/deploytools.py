@@ -12,9 +12,12 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
+
+if TYPE_CHECKING:
+    from conftest import Lab
 
 REPO = Path(__file__).resolve().parents[2]
 KEY = "/var/lib/gpudeploy-lab/id_ed25519"
@@ -90,3 +93,46 @@ def wait_for(cond: Callable[[], Any], timeout: float, what: str, every: float = 
             return value
         time.sleep(every)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+class Deployments:
+    """Makes throwaway inventories and tears every one of them down (with --purge) afterwards."""
+
+    def __init__(self, lab: Lab, root: Path) -> None:
+        self.lab = lab
+        self.root = root
+        self.made: list[Path] = []
+
+    def inventory(self, name: str, roles: dict[str, dict[str, Any]], host: str = "lab2",
+                  placed: list[Any] | None = None, extra_hosts: dict[str, tuple[str, list[Any]]] | None = None,
+                  connect_timeout_s: float = 5) -> Path:
+        hosts = {host: (self.lab.address_of(host), placed if placed is not None else list(roles))}
+        hosts.update(extra_hosts or {})
+        path = write_inventory(self.root / name, deployment=name, hosts=hosts, roles=roles,
+                               connect_timeout_s=connect_timeout_s)
+        self.made.append(path)
+        return path
+
+    def cleanup(self) -> None:
+        for path in self.made:
+            for host in ("lab1", "lab2", "lab3"):
+                if f"{host}:" in path.read_text():
+                    gd("teardown", "--inventory", str(path), "--host", host, "--purge")
+
+
+def unit_pids(lab: Lab, host: str, unit: str) -> list[int]:
+    """The PIDs in the unit's cgroup, as systemd names it. An inactive unit has none (systemd clears
+    ControlGroup); an active one whose cgroup file cannot be read fails the test, never reads as []."""
+    cgroup = lab.ssh(host, f"systemctl show -p ControlGroup --value {unit}", check=True).stdout.strip()
+    if not cgroup:
+        return []
+    res = lab.ssh(host, f"cat /sys/fs/cgroup{cgroup}/cgroup.procs", check=True)
+    return [int(x) for x in res.stdout.split()]
+
+
+def main_pid(lab: Lab, host: str, unit: str) -> int:
+    return int(lab.ssh(host, f"systemctl show -p MainPID --value {unit}", check=True).stdout.strip())
+
+
+def alive(lab: Lab, host: str, pid: int) -> bool:
+    return lab.ssh(host, f"test -e /proc/{pid}").returncode == 0

@@ -7,60 +7,13 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from conftest import Lab
-from deploytools import REPO, gd, http, standin_role, status_json, wait_for, write_inventory
+from deploytools import REPO, Deployments, alive, gd, http, main_pid, standin_role, status_json, unit_pids, wait_for
 
 pytestmark = pytest.mark.lab
-
-
-class Deployments:
-    """Makes throwaway inventories and tears every one of them down (with --purge) afterwards."""
-
-    def __init__(self, lab: Lab, root: Path) -> None:
-        self.lab = lab
-        self.root = root
-        self.made: list[Path] = []
-
-    def inventory(self, name: str, roles: dict[str, dict[str, Any]], host: str = "lab2",
-                  placed: list[Any] | None = None, extra_hosts: dict[str, tuple[str, list[Any]]] | None = None,
-                  connect_timeout_s: float = 5) -> Path:
-        hosts = {host: (self.lab.address_of(host), placed if placed is not None else list(roles))}
-        hosts.update(extra_hosts or {})
-        path = write_inventory(self.root / name, deployment=name, hosts=hosts, roles=roles,
-                               connect_timeout_s=connect_timeout_s)
-        self.made.append(path)
-        return path
-
-    def cleanup(self) -> None:
-        for path in self.made:
-            for host in ("lab1", "lab2", "lab3"):
-                if f"{host}:" in path.read_text():
-                    gd("teardown", "--inventory", str(path), "--host", host, "--purge")
-
-
-@pytest.fixture
-def deployments(lab: Lab, tmp_path: Path) -> Iterator[Deployments]:
-    d = Deployments(lab, tmp_path)
-    yield d
-    d.cleanup()
-
-
-def unit_pids(lab: Lab, host: str, unit: str) -> list[int]:
-    res = lab.ssh(host, f"cat /sys/fs/cgroup/system.slice/{unit}/cgroup.procs 2>/dev/null || true")
-    return [int(x) for x in res.stdout.split()]
-
-
-def main_pid(lab: Lab, host: str, unit: str) -> int:
-    return int(lab.ssh(host, f"systemctl show -p MainPID --value {unit}", check=True).stdout.strip())
-
-
-def alive(lab: Lab, host: str, pid: int) -> bool:
-    return lab.ssh(host, f"test -e /proc/{pid}").returncode == 0
 
 
 # -- the main job: the shipped lab inventory, PD pair + router -------------------------------------
@@ -78,7 +31,7 @@ def test_pd_pair_and_router_deploy_serve_redeploy_and_teardown(lab: Lab) -> None
         code, body = http("http://10.231.0.11:8000/v1/completions",
                           {"model": "qwen3-235b", "prompt": "hello there", "max_tokens": 8})
         assert code == 200 and '"text"' in body, body
-        before = {u: main_pid(lab, "lab1", f"gpudeploy-lab-{u}.service") for u in ("prefill", "decode", "router")}
+        before = {u: main_pid(lab, "lab1", f"gpudeploy-lab.{u}.service") for u in ("prefill", "decode", "router")}
 
         status = status_json(Path(inv), "--host", "lab1")
         units = {u["role"]: u for u in status["hosts"]["lab1"]["units"]}
@@ -87,9 +40,9 @@ def test_pd_pair_and_router_deploy_serve_redeploy_and_teardown(lab: Lab) -> None
 
         again = gd("deploy", "--inventory", inv, "--host", "lab1")
         assert again.returncode == 0 and again.stdout.count("unchanged and healthy") == 3, again.stdout
-        assert {u: main_pid(lab, "lab1", f"gpudeploy-lab-{u}.service") for u in before} == before
+        assert {u: main_pid(lab, "lab1", f"gpudeploy-lab.{u}.service") for u in before} == before
 
-        workers = unit_pids(lab, "lab1", "gpudeploy-lab-decode.service")
+        workers = unit_pids(lab, "lab1", "gpudeploy-lab.decode.service")
         assert len(workers) == 1 + 4  # main + one scheduler per TP rank
     finally:
         down = gd("teardown", "--inventory", inv, "--host", "lab1", "--purge")
@@ -97,7 +50,7 @@ def test_pd_pair_and_router_deploy_serve_redeploy_and_teardown(lab: Lab) -> None
     assert down.stdout.count("clean: no process left") == 3, down.stdout
     for pid in workers:
         assert not alive(lab, "lab1", pid)
-    assert lab.ssh("lab1", "ls /etc/systemd/system/ | grep -c gpudeploy-lab- || true").stdout.strip() == "0"
+    assert lab.ssh("lab1", "ls /etc/systemd/system/ | grep -cF gpudeploy-lab. || true").stdout.strip() == "0"
 
 
 # -- every startup fault: fail fast, say why, say what to change -----------------------------------
@@ -142,7 +95,7 @@ def test_hang_times_out_with_last_phase_and_is_stopped(deployments: Deployments,
     assert res.returncode == 1
     assert "cause: not ready after 4 s; last phase reached: capturing CUDA graphs" in res.stdout, res.stdout
     assert "the unit was stopped so its GPUs are free again" in res.stdout
-    assert unit_pids(lab, "lab2", "gpudeploy-hang-srv.service") == []
+    assert unit_pids(lab, "lab2", "gpudeploy-hang.srv.service") == []
 
 
 def test_crash_after_ready_shows_in_status(deployments: Deployments) -> None:
@@ -169,13 +122,13 @@ def test_changed_role_restarts_unchanged_does_not(deployments: Deployments, lab:
     monkeypatch.setenv("API_TOKEN", "s3cret-value-1")
     inv = deployments.inventory("chg", {"srv": standin_role(None, secret_env=["API_TOKEN"])})
     assert gd("deploy", "--inventory", str(inv), "--host", "lab2").returncode == 0
-    first = main_pid(lab, "lab2", "gpudeploy-chg-srv.service")
-    env_file = lab.ssh("lab2", "stat -c %a /etc/gpudeploy/chg-srv.env; cat /etc/gpudeploy/chg-srv.env").stdout
+    first = main_pid(lab, "lab2", "gpudeploy-chg.srv.service")
+    env_file = lab.ssh("lab2", "stat -c %a /etc/gpudeploy/chg.srv.env; cat /etc/gpudeploy/chg.srv.env").stdout
     assert env_file.startswith("600\n") and "API_TOKEN=s3cret-value-1" in env_file
-    unit_file = lab.ssh("lab2", "cat /etc/systemd/system/gpudeploy-chg-srv.service").stdout
+    unit_file = lab.ssh("lab2", "cat /etc/systemd/system/gpudeploy-chg.srv.service").stdout
     assert "s3cret" not in unit_file
     same = gd("deploy", "--inventory", str(inv), "--host", "lab2")
-    assert "unchanged and healthy" in same.stdout and main_pid(lab, "lab2", "gpudeploy-chg-srv.service") == first
+    assert "unchanged and healthy" in same.stdout and main_pid(lab, "lab2", "gpudeploy-chg.srv.service") == first
     assert "s3cret" not in same.stdout + gd("status", "--inventory", str(inv), "--json").stdout
 
     monkeypatch.setenv("API_TOKEN", "s3cret-value-2")
@@ -184,12 +137,12 @@ def test_changed_role_restarts_unchanged_does_not(deployments: Deployments, lab:
     check = gd("deploy", "--inventory", str(inv), "--host", "lab2", "--check")
     assert check.returncode == 0, check.stdout
     assert "+ExecStart=" in check.stdout and "--max-running-requests 64" in check.stdout
-    assert "chg-srv.env (only a secret value differs)" in check.stdout and "s3cret" not in check.stdout
+    assert "chg.srv.env (only a secret value differs)" in check.stdout and "s3cret" not in check.stdout
     assert "lab2/srv: would restart (--check: nothing was changed)" in check.stdout
-    assert main_pid(lab, "lab2", "gpudeploy-chg-srv.service") == first
+    assert main_pid(lab, "lab2", "gpudeploy-chg.srv.service") == first
     res = gd("deploy", "--inventory", str(inv), "--host", "lab2")
     assert res.returncode == 0 and "lab2/srv: restarted" in res.stdout, res.stdout
-    assert main_pid(lab, "lab2", "gpudeploy-chg-srv.service") not in (0, first)
+    assert main_pid(lab, "lab2", "gpudeploy-chg.srv.service") not in (0, first)
 
 
 def test_ignore_sigterm_and_leaked_worker_leave_nothing_after_teardown(deployments: Deployments, lab: Lab) -> None:
@@ -197,8 +150,8 @@ def test_ignore_sigterm_and_leaked_worker_leave_nothing_after_teardown(deploymen
                                              "leaky": standin_role("leak-worker")})
     res = gd("deploy", "--inventory", str(inv), "--host", "lab2")
     assert res.returncode == 0, res.stdout
-    pids = unit_pids(lab, "lab2", "gpudeploy-stubborn-deaf.service") + \
-        unit_pids(lab, "lab2", "gpudeploy-stubborn-leaky.service")
+    pids = unit_pids(lab, "lab2", "gpudeploy-stubborn.deaf.service") + \
+        unit_pids(lab, "lab2", "gpudeploy-stubborn.leaky.service")
     sessions = {int(lab.ssh("lab2", f"ps -o sid= -p {p}").stdout.strip() or 0) for p in pids}
     assert len(sessions - {0}) >= 3, "the leaked worker should run in a session of its own"
     down = gd("teardown", "--inventory", str(inv), "--host", "lab2")
@@ -283,8 +236,8 @@ def test_measured_memory_figures_feed_the_next_plan(deployments: Deployments) ->
 
 def test_status_reads_the_same_facts_over_paramiko_without_an_ssh_client(deployments: Deployments,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    from gpudeploy.facts import openssh
     from gpudeploy.plan import load_plan
+    from gpudeploy.remote import openssh
     from gpudeploy.verify.status import status
 
     inv = deployments.inventory("both", {"srv": standin_role(None)})

@@ -21,6 +21,7 @@ from conftest import Lab
 from deploytools import REPO, gd, http, status_json, wait_for, write_inventory
 
 from gpudeploy.lab import engine
+from gpudeploy.plan import unit_name
 
 pytestmark = [pytest.mark.lab, pytest.mark.vllm]
 
@@ -28,8 +29,8 @@ HOST = "lab3"
 DEPLOYMENT = "vllmlab"
 ROLE = "vllm-tiny"
 BAD_ROLE = "vllm-badkv"
-UNIT = f"gpudeploy-{DEPLOYMENT}-{ROLE}.service"
-BAD_UNIT = f"gpudeploy-{DEPLOYMENT}-{BAD_ROLE}.service"
+UNIT = unit_name(DEPLOYMENT, ROLE)
+BAD_UNIT = unit_name(DEPLOYMENT, BAD_ROLE)
 PORT = 18000
 TOO_MUCH_KV = "4T"  # far more than the machine's RAM
 

@@ -1,15 +1,33 @@
 """Small stdlib scripts that run on a host (passed as ``python3 -c``). No imports of ours here."""
 
-# Runs on the host: SIGKILL one PID, but only if its start time (in clock ticks since boot) is the
-# recorded one, so a PID reused since is never hit. argv: PID START_TICKS|None
+# Runs on the host: SIGKILL each PID whose start time (clock ticks since boot, /proc/PID/stat
+# field 22) is the recorded one, so a PID reused since is never hit. A PID without a start time
+# is refused, never killed. argv: PID:START_TICKS ...  Prints one line per PID:
+# "killed PID", "gone PID", "spared PID (started at T, not W)" or "refused PID (no start time)".
 KILL_EXACT = """
 import os, signal, sys
-pid, want = int(sys.argv[1]), sys.argv[2]
-try:
-    stat = open(f"/proc/{pid}/stat").read()
-except OSError:
-    sys.exit(0)
-ticks = stat[stat.rindex(")") + 2:].split()[19]
-if want in ("", "None") or ticks == want:
-    os.kill(pid, signal.SIGKILL)
+for arg in sys.argv[1:]:
+    pid, _, want = arg.partition(":")
+    if not want.isdigit():
+        print("refused", pid, "(no start time)")
+        continue
+    try:
+        with open(f"/proc/{int(pid)}/stat") as f:
+            stat = f.read()
+    except OSError:
+        print("gone", pid)
+        continue
+    ticks = stat[stat.rindex(")") + 2:].split()[19]
+    if ticks != want:
+        print("spared", pid, f"(started at {ticks}, not {want})")
+        continue
+    try:
+        os.kill(int(pid), signal.SIGKILL)
+        print("killed", pid)
+    except ProcessLookupError:
+        print("gone", pid)
 """
+
+
+def kill_exact_argv(targets: list[tuple[int, int | None]]) -> list[str]:
+    return ["python3", "-c", KILL_EXACT, *(f"{pid}:{'' if ticks is None else ticks}" for pid, ticks in targets)]

@@ -1,8 +1,12 @@
-"""A per-host deploy lock that cannot go stale.
+"""A per-host lock for the commands that change a host (deploy, teardown) that cannot go stale.
 
-The lock is an flock held by a tiny process on the host whose stdin is our ssh channel: when we
-finish, crash or lose the network, the channel closes, the process exits and the kernel drops the
-lock. Nothing to clean up, no PID files to trust.
+The lock is an flock held by a tiny process on the host (``HOLDER``) whose stdin is our ssh
+channel. It is released when that process exits, which it does when:
+  * we are done (the channel closes), or we crash or lose the network and sshd notices; and
+  * we stop sending the heartbeat for ``HEARTBEAT_TIMEOUT_S``: sshd may take hours to notice a
+    client that vanished (no ClientAliveInterval by default), a heartbeat bounds that.
+A waiter polls with LOCK_NB until its own deadline and then exits: it never takes the lock after
+its client has given up on it.
 """
 
 from __future__ import annotations
@@ -11,63 +15,120 @@ import getpass
 import json
 import os
 import socket
+import threading
 import time
+from collections.abc import Callable
 
-from ..errors import RemoteError
-from .ssh import Remote
+from ..errors import GpudeployError, RemoteError
+from ..fanout import Cancel
+from ..remote.ssh import Remote
 
 LOCK_PATH = "/run/gpudeploy/host.lock"
+HEARTBEAT_S = 1.0
+HEARTBEAT_TIMEOUT_S = 10.0
+
+# Runs on the host. argv: PATH HOLDER_JSON WAIT_S HEARTBEAT_TIMEOUT_S. Prints "busy <holder>" once
+# while it waits, then "locked" or "timeout"; holds the lock while bytes keep arriving on stdin.
 HOLDER = r"""
-import fcntl, os, sys
-os.makedirs(os.path.dirname(sys.argv[1]), exist_ok=True)
-fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
-try:
-    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-except BlockingIOError:
-    print("busy " + os.pread(fd, 4096, 0).decode(errors="replace").strip(), flush=True)
-    fcntl.flock(fd, fcntl.LOCK_EX)
+import fcntl, os, select, sys, time
+path, holder, wait_s, beat_s = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
+os.makedirs(os.path.dirname(path), exist_ok=True)
+fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+deadline = time.monotonic() + wait_s
+told = False
+while True:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        break
+    except BlockingIOError:
+        if not told:
+            print("busy " + os.pread(fd, 4096, 0).decode(errors="replace").strip(), flush=True)
+            told = True
+        if time.monotonic() >= deadline:
+            print("timeout", flush=True)
+            sys.exit(3)
+        ready, _, _ = select.select([0], [], [], 0.1)
+        if ready and not os.read(0, 4096):
+            sys.exit(4)  # our client went away while we waited
 os.ftruncate(fd, 0)
-os.pwrite(fd, sys.argv[2].encode(), 0)
+os.pwrite(fd, holder.encode(), 0)
 print("locked", flush=True)
-sys.stdin.read()
+last = time.monotonic()
+while True:
+    ready, _, _ = select.select([0], [], [], beat_s)
+    if ready:
+        if not os.read(0, 4096):
+            break  # the channel closed: we are done
+        last = time.monotonic()
+    elif time.monotonic() - last >= beat_s:
+        break  # no heartbeat: the client crashed or was cut off
 """
 
 
+def holder_argv(wait_s: float, holder: str) -> list[str]:
+    return ["python3", "-c", HOLDER, LOCK_PATH, holder, f"{wait_s:g}", f"{HEARTBEAT_TIMEOUT_S:g}"]
+
+
 class HostLock:
-    def __init__(self, remote: Remote, wait_s: float = 600.0, on_wait: object = None) -> None:
+    def __init__(self, remote: Remote, wait_s: float = 600.0, on_wait: Callable[[str], None] | None = None,
+                 cancel: Cancel | None = None) -> None:
         self.remote = remote
         self.wait_s = wait_s
         self.on_wait = on_wait
+        self.cancel = cancel
         self.chan: object = None
+        self.stopped = threading.Event()
+        self.beat: threading.Thread | None = None
 
     def __enter__(self) -> HostLock:
         holder = json.dumps({"by": f"{getpass.getuser()}@{socket.gethostname()}", "pid": os.getpid(),
                              "since": time.strftime("%Y-%m-%d %H:%M:%S")})
-        chan = self.remote.stream(["python3", "-c", HOLDER, LOCK_PATH, holder])
-        chan.settimeout(self.wait_s)
+        chan = self.remote.stream(holder_argv(self.wait_s, holder))
         self.chan = chan
+        self.beat = threading.Thread(target=self._heartbeat, daemon=True)
+        self.beat.start()
+        chan.settimeout(0.2)
         buf = b""
-        deadline = time.monotonic() + self.wait_s
-        while time.monotonic() < deadline:
+        deadline = time.monotonic() + self.wait_s + 5.0  # the holder gives up first, by itself
+        try:
+            while time.monotonic() < deadline:
+                if self.cancel is not None and self.cancel.is_set():
+                    raise RemoteError(self.remote.host.name, "interrupted while waiting for the host lock")
+                try:
+                    data = chan.recv(4096)
+                except TimeoutError:
+                    continue
+                if not data:
+                    raise RemoteError(self.remote.host.name, "the lock helper exited: "
+                                      + chan.recv_stderr(4096).decode(errors="replace")[-300:])
+                buf += data
+                while b"\n" in buf:
+                    line, buf = buf.split(b"\n", 1)
+                    text = line.decode(errors="replace")
+                    if text == "locked":
+                        return self
+                    if text == "timeout":
+                        raise RemoteError(self.remote.host.name, "another gpudeploy run held the host lock "
+                                          f"for over {self.wait_s:g} s")
+                    if text.startswith("busy") and self.on_wait is not None:
+                        self.on_wait(text[5:])
+            raise RemoteError(self.remote.host.name, f"no answer from the lock helper within {self.wait_s:g} s")
+        except (GpudeployError, OSError):
+            self.__exit__()
+            raise
+
+    def _heartbeat(self) -> None:
+        chan = self.chan
+        while not self.stopped.wait(HEARTBEAT_S):
             try:
-                data = chan.recv(4096)
+                chan.sendall(b".")  # type: ignore[attr-defined]
             except TimeoutError:
-                break
-            if not data:
-                raise RemoteError(self.remote.host.name, "the lock helper exited: "
-                                  + chan.recv_stderr(4096).decode(errors="replace")[-300:])
-            buf += data
-            while b"\n" in buf:
-                line, buf = buf.split(b"\n", 1)
-                text = line.decode(errors="replace")
-                if text == "locked":
-                    return self
-                if text.startswith("busy") and callable(self.on_wait):
-                    self.on_wait(text[5:])
-        chan.close()
-        raise RemoteError(self.remote.host.name, f"another gpudeploy run held the host lock for over {self.wait_s:g} s")
+                continue  # a slow moment: the holder allows HEARTBEAT_TIMEOUT_S
+            except OSError:
+                return
 
     def __exit__(self, *exc: object) -> None:
+        self.stopped.set()
         chan = self.chan
         if chan is not None:
             chan.close()  # type: ignore[attr-defined]

@@ -1,7 +1,10 @@
 """teardown: stop units, then PROVE nothing is left: empty cgroup, no recorded PID alive, GPUs free.
 
-Whatever the check finds is killed by exact PID (and start time, so a reused PID is never hit),
-and reported. Idempotent: tearing down what is already down just verifies again.
+Whatever the check finds is killed by exact PID and start time (a PID reused since is never hit;
+one without a start time is refused), and reported. Idempotent: tearing down what is already
+down just verifies again. A whole deployment is the set of units whose own file names it
+(``X-Gpudeploy-Deployment=``), never a name pattern. Takes the host lock, so a teardown waits for
+a deploy's gate instead of looking to it like a crash.
 """
 
 from __future__ import annotations
@@ -11,12 +14,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import GpudeployError
+from ..fanout import Cancel, for_each_host, say
 from ..model import Host, Plan, Unit
-from .hostscripts import KILL_EXACT
-from .parallel import for_each_host, say
-from .ssh import Remote
+from ..plan.build import ENV_DIR, STATE_ROOT, UNIT_DIR, unit_stem
+from ..remote.ssh import Remote
+from ..supervisor import systemd
+from .hostscripts import kill_exact_argv
+from .lock import HostLock
 
 RUNS_DIR = "/var/lib/gpudeploy/runs"
+LINGER_S = 5.0  # a SIGKILLed process lingers until its parent reaps it
 
 
 @dataclass
@@ -25,59 +32,97 @@ class TeardownOutcome:
     role: str
     was: str
     killed: list[int] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)  # what the exact kill would not touch, and why
     left: list[int] = field(default_factory=list)
     gpu_left: list[dict[str, Any]] = field(default_factory=list)
     gpu_used_gib: dict[int, float] = field(default_factory=dict)
-    purged: bool = False
+    purged: list[str] = field(default_factory=list)
 
     @property
     def clean(self) -> bool:
         return not self.left and not self.gpu_left
 
 
-def teardown(plan: Plan, hosts: list[Host], *, purge: bool, whole_deployment: bool
+def teardown(plan: Plan, hosts: list[Host], *, purge: bool, whole_deployment: bool,
+             cancel: Cancel | None = None, lock_wait_s: float = 600.0
              ) -> dict[str, list[TeardownOutcome] | GpudeployError]:
-    prefix = f"gpudeploy-{plan.inventory.deployment}-"
+    deployment = plan.inventory.deployment if whole_deployment else None
 
     def one(host: Host) -> list[TeardownOutcome]:
         units = [u for u in plan.units if u.host.name == host.name]
-        return teardown_host(host, units, prefix if whole_deployment else None, purge)
+        return teardown_host(host, units, deployment, purge, cancel=cancel, lock_wait_s=lock_wait_s)
 
-    return for_each_host(hosts, one)
+    return for_each_host(hosts, one, cancel)
 
 
-def teardown_host(host: Host, units: list[Unit], prefix: str | None, purge: bool) -> list[TeardownOutcome]:
+def survivors(unit_facts: dict[str, Any], gpu_processes: list[dict[str, Any]]) -> dict[int, int | None]:
+    """PID -> start ticks of every process of a stopped unit still alive: in its cgroup, recorded
+    by the deploy (start time checked by the probe), or on a GPU under a recorded PID."""
+    found: dict[int, int | None] = {p["pid"]: p.get("start_ticks") for p in unit_facts["procs"]}
+    found.update({p["pid"]: p.get("start_ticks") for p in unit_facts.get("recorded_alive", [])})
+    recorded = {r["pid"]: r.get("start_ticks") for r in (unit_facts.get("record") or {}).get("pids", [])}
+    for p in gpu_processes:
+        if p["pid"] in recorded and p["pid"] not in found:
+            found[p["pid"]] = recorded[p["pid"]]
+    return found
+
+
+def owned_paths(name: str, meta: dict[str, str] | None, planned: Unit | None) -> list[str]:
+    """The files and state directory of unit ``name`` that --purge removes: the paths gpudeploy
+    derives for it, and only if the unit's own file names exactly those (never a pattern)."""
+    paths = [f"{UNIT_DIR}/{name}", f"{RUNS_DIR}/{name}.json"]
+    if planned is not None:
+        return [*paths, planned.env_path, planned.state_dir]
+    if meta and meta.get("deployment") and meta.get("role"):
+        stem = unit_stem(meta["deployment"], meta["role"])
+        if meta.get("env_file") == f"{ENV_DIR}/{stem}.env":
+            paths.append(f"{ENV_DIR}/{stem}.env")
+        if meta.get("state_directory") == f"gpudeploy/{stem}":
+            paths.append(f"{STATE_ROOT}/gpudeploy/{stem}")
+    return paths
+
+
+def teardown_host(host: Host, units: list[Unit], deployment: str | None, purge: bool, *,
+                  cancel: Cancel | None = None, lock_wait_s: float = 600.0) -> list[TeardownOutcome]:
     planned = {u.name: u for u in units}
-    with Remote(host) as remote:
+
+    def waiting(who: str) -> None:
+        say(f"[{host.name}] waiting for another gpudeploy run ({who})")
+
+    with Remote(host) as remote, HostLock(remote, lock_wait_s, waiting, cancel):
         spec: dict[str, Any] = {"units": list(planned), "gpus": True}
-        if prefix:
-            spec.update(all_units=True, prefix=prefix)
+        if deployment:
+            spec["deployment"] = deployment
         before = remote.probe(spec)
         names = list(before["units"])
         if not names:
             return []
         stop_timeout = max([u.role.stop_timeout_s for u in units] + [30.0])
-        remote.run(["systemctl", "stop", "--", *names], timeout=stop_timeout + 30, check=False)
-        after = remote.probe({**spec, "all_units": False, "units": names})
+        systemd.stop(remote, names, systemd.restart_timeout(stop_timeout))
+        after = remote.probe({"units": names, "gpus": True})
+        gpu_procs = (after.get("gpus") or {}).get("processes", [])
         outcomes = []
         for name in names:
             uf = after["units"][name]
             record = uf.get("record") or before["units"][name].get("record") or {}
-            out = TeardownOutcome(name, planned[name].role.name if name in planned else record.get("role", "?"),
-                                  before["units"][name]["props"].get("ActiveState", "?"))
-            survivors = {p["pid"]: p for p in uf["procs"]}
-            survivors.update({p["pid"]: p for p in uf.get("recorded_alive", [])})
-            ours = {r["pid"] for r in record.get("pids", [])} | set(survivors)
-            for p in after["gpus"]["processes"] if after.get("gpus") else []:
-                if p["pid"] in ours:
-                    survivors.setdefault(p["pid"], {"pid": p["pid"], "start_ticks": None})
-            for pid, info in survivors.items():
-                say(f"[{host.name}/{out.role}] process {pid} survived the stop ({info.get('cmd', '?')[:80]}); "
-                    "killing it by PID")
-                _kill_exact(remote, pid, info.get("start_ticks"))
-                out.killed.append(pid)
+            meta = before["units"][name].get("meta") or {}
+            role = planned[name].role.name if name in planned else meta.get("role") or record.get("role", "?")
+            out = TeardownOutcome(name, role, before["units"][name]["props"].get("ActiveState", "?"))
+            left = survivors({**uf, "record": record}, gpu_procs)
+            if left:
+                cmds = {p["pid"]: p.get("cmd", "?") for p in uf["procs"] + uf.get("recorded_alive", [])}
+                for pid in left:
+                    say(f"[{host.name}/{role}] process {pid} survived the stop ({cmds.get(pid, '?')[:80]}); "
+                        "killing it by PID and start time")
+                res = remote.run(kill_exact_argv(sorted(left.items())), check=False)
+                for line in res.stdout.splitlines():
+                    word, _, rest = line.partition(" ")
+                    if word == "killed":
+                        out.killed.append(int(rest))
+                    elif word in ("refused", "spared"):
+                        out.refused.append(rest)
             outcomes.append(out)
-        deadline = time.monotonic() + 5.0
+        deadline = time.monotonic() + LINGER_S
         while True:  # a SIGKILLed process lingers until its parent reaps it; wait for that, bounded
             final = remote.probe({"units": names, "gpus": True})
             lingering = any(u["procs"] or u.get("recorded_alive") for u in final["units"].values())
@@ -94,15 +139,9 @@ def teardown_host(host: Host, units: list[Unit], prefix: str | None, purge: bool
                 out.gpu_used_gib = {g: round(used[g], 2) for g in unit.gpus if g in used}
                 out.gpu_left = [p for p in gpus.get("processes", []) if p["gpu"] in unit.gpus]
         if purge:
-            paths = [f"/etc/systemd/system/{n}" for n in names] + [f"{RUNS_DIR}/{n}.json" for n in names]
-            paths += [u.env_path for u in units]
-            remote.run(["rm", "-f", "--", *paths])
+            for out in outcomes:
+                out.purged = owned_paths(out.unit, before["units"][out.unit].get("meta"), planned.get(out.unit))
+            remote.run(["rm", "-rf", "--", *(p for out in outcomes for p in out.purged)])
             remote.run(["systemctl", "daemon-reload"])
             remote.run(["systemctl", "reset-failed", "--", *names], check=False)
-            for out in outcomes:
-                out.purged = True
         return outcomes
-
-
-def _kill_exact(remote: Remote, pid: int, start_ticks: int | None) -> None:
-    remote.run(["python3", "-c", KILL_EXACT, str(pid), str(start_ticks)], check=False)

@@ -3,8 +3,11 @@
 Stdlib only, read-only, and it never matches processes by name: processes are found through the
 unit's cgroup and exact PIDs. Input: one JSON argument. Output: one JSON document on stdout.
 
-    {"units": ["gpudeploy-x-y.service"], "files": ["/etc/..."], "journal_lines": 60,
-     "all_units": true}   # also report every gpudeploy-*.service found in /etc/systemd/system
+    {"units": ["gpudeploy-x.y.service"], "files": ["/etc/..."], "journal_lines": 60,
+     "deployment": "x"}   # also report every unit whose file says X-Gpudeploy-Deployment=x
+
+A deployment's units are the ones whose own file names that deployment, compared exactly: a name
+pattern would also match other deployments (``gpudeploy-pd*`` is ``pd-test``'s too).
 """
 
 from __future__ import annotations
@@ -146,13 +149,42 @@ def file_hash(path: str) -> str | None:
         return None
 
 
+MARKERS = {"X-Gpudeploy-Deployment": "deployment", "X-Gpudeploy-Role": "role",
+           "EnvironmentFile": "env_file", "StateDirectory": "state_directory"}
+
+
+def unit_meta(text: str) -> dict[str, str]:
+    """What a unit file gpudeploy rendered says about itself (see templates/engine.service.j2)."""
+    meta: dict[str, str] = {}
+    for line in text.splitlines():
+        key, eq, value = line.strip().partition("=")
+        if eq and key in MARKERS and MARKERS[key] not in meta:
+            meta[MARKERS[key]] = value.strip()
+    return meta
+
+
+def read_meta(name: str) -> dict[str, str] | None:
+    try:
+        with open(f"{UNIT_DIR}/{name}") as f:
+            return unit_meta(f.read())
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def deployment_units(deployment: str) -> list[str]:
+    """Units whose file says they belong to ``deployment`` (the glob only lists candidates)."""
+    found = []
+    for path in sorted(glob.glob(f"{UNIT_DIR}/gpudeploy-*.service")):
+        meta = read_meta(os.path.basename(path))
+        if meta is not None and meta.get("deployment") == deployment:
+            found.append(os.path.basename(path))
+    return found
+
+
 def main(spec: dict[str, Any]) -> dict[str, Any]:
     names = list(spec.get("units", []))
-    if spec.get("all_units"):
-        prefix = spec.get("prefix", "gpudeploy-")
-        for path in sorted(glob.glob(f"{UNIT_DIR}/{prefix}*.service")):
-            if os.path.basename(path) not in names:
-                names.append(os.path.basename(path))
+    if spec.get("deployment"):
+        names += [n for n in deployment_units(str(spec["deployment"])) if n not in names]
     shown = systemctl_show(names)
     units: dict[str, Any] = {}
     for name in names:
@@ -166,6 +198,7 @@ def main(spec: dict[str, Any]) -> dict[str, Any]:
         failed = props.get("ActiveState") == "failed" or props.get("Result", "success") != "success"
         units[name] = {
             "props": props,
+            "meta": read_meta(name),
             "procs": cgroup_procs(props.get("ControlGroup", "")),
             "record": record,
             "journal": journal(props.get("InvocationID", ""), name,

@@ -14,12 +14,14 @@ import shutil
 import time
 from pathlib import Path
 
+from gpudeploy.lab import aptsources
 from gpudeploy.lab.config import CACHE_DIR, GUEST_SHIMS, GUEST_SRC
-from gpudeploy.lab.system import remove_other_keys, run
+from gpudeploy.lab.system import LabError, remove_other_keys, run
 
 RECIPE_REVISION = 1
 SUITE = "bookworm"
-MIRROR = os.environ.get("GPUDEPLOY_LAB_MIRROR", "http://deb.debian.org/debian")
+# A mirror URL to use instead of this machine's own apt sources (see aptsources.py).
+MIRROR_OVERRIDE = os.environ.get("GPUDEPLOY_LAB_MIRROR")
 PACKAGES = ("systemd", "systemd-sysv", "dbus", "libpam-systemd", "openssh-server", "python3",
             "iproute2", "procps", "netbase", "sudo",
             "libnuma1")  # vLLM's CPU build (engine.py, mounted at /opt/gpudeploy/engines) links libnuma
@@ -72,8 +74,17 @@ def ensure_rootfs(log: bool = True) -> Path:
     if log:
         print(f"lab: building rootfs {final.name} with mmdebstrap ({SUITE}, {len(PACKAGES)} packages)",
               flush=True)
+    mirror = MIRROR_OVERRIDE
+    if mirror is None:
+        sources = aptsources.machine_sources(SUITE)
+        if not sources:
+            raise LabError(f"this machine's apt sources ({', '.join(aptsources.SOURCE_FILES)}) have no entry for "
+                           f"{SUITE}; set GPUDEPLOY_LAB_MIRROR to a Debian mirror URL")
+        sources_file = CACHE_DIR / "lab.sources"
+        sources_file.write_text(sources)
+        mirror = str(sources_file)
     run(["mmdebstrap", "--variant=minbase", "--include=" + ",".join(PACKAGES), "--quiet",
-         SUITE, str(partial), MIRROR], timeout=900)
+         *aptsources.machine_proxy_options(), SUITE, str(partial), mirror], timeout=900)
     customize(partial)
     partial.rename(final)
     if log:

@@ -71,7 +71,9 @@ RULES: tuple[Rule, ...] = (
          "the engine rejected its command line (a flag or value this release does not have)",
          lambda s, f: "check the engine_versions of the host against the SGLang actually installed there"),
     PORT_IN_USE,
-    Rule("nccl-error", re.compile(r"(NCCL error|DistBackendError|ncclUnhandledCudaError|NCCL WARN)"),
+    # Not "NCCL WARN": NCCL_DEBUG=WARN/INFO (which the advice below suggests) prints harmless ones.
+    Rule("nccl-error", re.compile(r"(NCCL error|DistBackendError|ncclUnhandledCudaError|ncclSystemError"
+                                  r"|ncclInternalError|ncclInvalidUsage)"),
          "NCCL failed between the TP workers",
          lambda s, f: "check the GPUs' health and NCCL_* settings (NCCL_DEBUG=INFO in the role's env shows more)"),
     Rule("worker-died", re.compile(r"(Rank \d+ scheduler is dead|Child process unexpectedly failed|"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import sys
 
-from ..apply.ssh import Remote
 from ..errors import RemoteError
 from ..model import Unit
+from ..remote.ssh import Remote
 
 
 def show_logs(unit: Unit, *, follow: bool, lines: int = 500) -> None:

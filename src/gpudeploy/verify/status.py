@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..apply.parallel import for_each_host
 from ..errors import GpudeployError
-from ..facts import openssh
+from ..fanout import for_each_host
 from ..model import Host, Plan, Unit
+from ..remote import openssh
 from .causes import classify, log_format
+from .http import status_of
 
 
 @dataclass
@@ -43,17 +42,17 @@ class UnitStatus:
 
 def status(plan: Plan, hosts: list[Host]) -> dict[str, list[UnitStatus] | GpudeployError]:
     by_host = {h.name: [u for u in plan.units if u.host.name == h.name] for h in hosts}
-    prefix = f"gpudeploy-{plan.inventory.deployment}-"
-    return for_each_host(hosts, lambda h: host_status(h, by_host[h.name], prefix))
+    deployment = plan.inventory.deployment
+    return for_each_host(hosts, lambda h: host_status(h, by_host[h.name], deployment))
 
 
-def host_status(host: Host, units: list[Unit], prefix: str) -> list[UnitStatus]:
+def host_status(host: Host, units: list[Unit], deployment: str) -> list[UnitStatus]:
     journal_lines = max([log_format(u.role.log_format).journal_lines for u in units] + [60])
-    spec = {"units": [u.name for u in units], "all_units": True, "prefix": prefix, "journal_lines": journal_lines}
+    spec = {"units": [u.name for u in units], "deployment": deployment, "journal_lines": journal_lines}
     if openssh.available():
         facts = openssh.probe(host, spec)
     else:
-        from ..apply.ssh import Remote  # paramiko, where there is no OpenSSH client
+        from ..remote.ssh import Remote  # paramiko, where there is no OpenSSH client
 
         with Remote(host) as remote:
             facts = remote.probe(spec)
@@ -71,13 +70,8 @@ def health_code(unit: Unit) -> str:
     """The HTTP status of the unit's health path as text, "down" when nothing answers, "-" without one."""
     if not unit.health_url:
         return "-"
-    try:
-        with urllib.request.urlopen(unit.health_url, timeout=2.0) as resp:  # noqa: S310
-            return str(resp.status)
-    except urllib.error.HTTPError as exc:
-        return str(exc.code)
-    except (urllib.error.URLError, OSError):
-        return "down"
+    code = status_of(unit.health_url, timeout=2.0)
+    return "down" if code is None else str(code)
 
 
 def _status(host: Host, name: str, unit: Unit | None, uf: dict[str, Any], health: str,

@@ -3,23 +3,24 @@
 `invoke status` is run often and must be quick. A fresh paramiko connection per host costs about
 0.1-0.15 s plus paramiko's import; OpenSSH's ControlMaster/ControlPersist (what Ansible uses too)
 lets the second and later runs reuse one connection per host for a while, so a probe costs one
-round trip. Host keys are checked the same way (StrictHostKeyChecking=yes); writes and the health
-gate stay on fabric.
+round trip. Host keys are checked by the same rule and the same files as the paramiko transport
+(``remote.trust``); ``~/.ssh/config`` is honoured by OpenSSH itself.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shlex
 import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
 from ..errors import HostUnreachable, RemoteError
+from ..facts import remote_probe
 from ..model import Host
-from . import remote_probe
+from . import trust
+from .ssh import command_line, parse_probe
 
 PERSIST_S = 120
 CONTROL_DIR = Path(os.environ.get("GPUDEPLOY_SSH_CONTROL_DIR", Path.home() / ".cache" / "gpudeploy" / "ssh"))
@@ -33,18 +34,19 @@ def available() -> bool:
 def ssh_argv(host: Host, command: list[str]) -> list[str]:
     CONTROL_DIR.mkdir(parents=True, exist_ok=True)
     CONTROL_DIR.chmod(0o700)  # the control sockets grant shell access to the hosts
-    opts = ["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
-            "-o", f"ConnectTimeout={max(1, int(host.ssh.connect_timeout_s))}",
+    opts = ["-o", "BatchMode=yes", *trust.openssh_options(host.ssh),
+            "-o", f"ConnectTimeout={max(1, round(host.ssh.connect_timeout_s))}",
             "-o", "ControlMaster=auto", "-o", f"ControlPersist={PERSIST_S}",
             "-o", f"ControlPath={CONTROL_DIR}/%C",
-            "-o", "ServerAliveInterval=2", "-o", "ServerAliveCountMax=3",
-            "-p", str(host.ssh.port), "-l", host.ssh.user]
-    if host.ssh.known_hosts:
-        opts += ["-o", f"UserKnownHostsFile={host.ssh.known_hosts}"]
+            "-o", "ServerAliveInterval=2", "-o", "ServerAliveCountMax=3"]
+    if host.ssh.port is not None:
+        opts += ["-p", str(host.ssh.port)]
+    if host.ssh.user is not None:
+        opts += ["-l", host.ssh.user]
     if host.ssh.key:
         opts += ["-i", host.ssh.key, "-o", "IdentitiesOnly=yes"]
     # ssh joins its arguments into one remote shell command line: quote every word.
-    return ["ssh", *opts, "--", host.address, " ".join(shlex.quote(a) for a in command)]
+    return ["ssh", *opts, "--", host.address, command_line(command)]
 
 
 def probe(host: Host, spec: dict[str, Any], timeout: float = 30.0) -> dict[str, Any]:
@@ -54,12 +56,7 @@ def probe(host: Host, spec: dict[str, Any], timeout: float = 30.0) -> dict[str, 
     except subprocess.TimeoutExpired:
         raise HostUnreachable(host.name, f"ssh to {host.address} did not answer within {timeout:g} s") from None
     if res.returncode == 255:
-        raise HostUnreachable(host.name, f"ssh to {host.ssh.user}@{host.address}:{host.ssh.port} failed: "
-                              f"{res.stderr.strip()[-300:]}")
+        raise HostUnreachable(host.name, f"ssh to {host.address} failed: {res.stderr.strip()[-300:]}")
     if res.returncode != 0:
         raise RemoteError(host.name, f"host probe failed (exit {res.returncode}): {res.stderr.strip()[-300:]}")
-    try:
-        data: dict[str, Any] = json.loads(res.stdout)
-    except ValueError:
-        raise RemoteError(host.name, f"host probe returned no JSON: {res.stdout[:200]!r}") from None
-    return data
+    return parse_probe(host.name, res.stdout)

@@ -1,0 +1,62 @@
+"""What must hold on a host before deploy touches a file: pure, over the host probe's facts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import RemoteError
+from ..model import Host, Unit
+
+GPU_MEMORY_TOLERANCE = 0.06  # NVML reports a "96 GB" card as 95.6 GiB
+
+
+def problems(host: Host, units: list[Unit], facts: dict[str, Any], *, force: bool) -> list[str]:
+    """Every reason not to deploy ``units`` on ``host`` now (empty when it may go ahead)."""
+    out: list[str] = []
+    if not facts.get("systemd"):
+        out.append("systemd is not running as the init system (no /run/systemd/system)")
+    gpus = facts.get("gpus") or {}
+    devices = {d["index"]: d for d in gpus.get("devices", [])}
+    wanted = sorted({g for u in units for g in u.gpus})
+    if wanted and gpus.get("error"):
+        out.append(f"cannot check the declared GPUs: {gpus['error']}")
+    elif wanted:
+        missing = [g for g in wanted if g not in devices]
+        if missing:
+            out.append(f"declared GPUs {missing} do not exist (NVML sees {len(devices)} GPUs)")
+        for g in wanted:
+            if g in devices:
+                real = devices[g]["total"] / 2**30
+                declared = host.gpu_memory_gib.get(g, 0.0)
+                if abs(real - declared) > GPU_MEMORY_TOLERANCE * real:
+                    out.append(f"inventory says GPU {g} has {declared:g} GiB but NVML reports {real:.1f} GiB; "
+                               "fix gpu_memory_gib")
+    mine = {u.name: {p["pid"] for p in facts["units"][u.name]["procs"]} for u in units}
+    all_mine = set().union(*mine.values()) if mine else set()
+    for p in gpus.get("processes", []):
+        if p["gpu"] in wanted and p["pid"] not in all_mine and not force:
+            owner = next((u.role.name for u in units if p["gpu"] in u.gpus), "?")
+            out.append(f"GPU {p['gpu']} (for role {owner}) is in use by pid {p['pid']} "
+                       f"({p['used'] / 2**30:.1f} GiB), which belongs to no unit being deployed; "
+                       "stop it or use --force")
+    listening = {int(k): v for k, v in facts.get("listening", {}).items()}
+    for u in units:
+        for kind, port in u.ports.items():
+            owners = listening.get(port)
+            if owners is None:
+                continue
+            if not owners:
+                # A listening socket whose process we cannot see is someone's: never assume ours.
+                out.append(f"port {port} ({kind} of role {u.role.name}) is already in use by a process "
+                           "gpudeploy cannot see (`ss -ltnp` on the host names it)")
+            elif not set(owners) <= mine[u.name]:
+                who = ", ".join(str(p) for p in owners)
+                out.append(f"port {port} ({kind} of role {u.role.name}) is already in use by pid {who}")
+    return out
+
+
+def check(host: Host, units: list[Unit], facts: dict[str, Any], *, force: bool) -> None:
+    found = problems(host, units, facts, force=force)
+    if found:
+        raise RemoteError(host.name, "preflight failed, nothing was changed:\n"
+                          + "\n".join(f"  - {p}" for p in found))

@@ -1,0 +1,109 @@
+"""Run one function per host in parallel and collect each host's result or error.
+
+One host's failure never hides another's outcome (like fabric's GroupResult): the caller reports
+every host, then decides the exit status. Any exception of a host's work becomes that host's
+error, not a traceback that loses the others.
+
+Ctrl-C: the main thread sets one :class:`Cancel` that every waiter of the run watches (each gate's
+sleep is an ``Event.wait``), gives the hosts a moment to say where they stand, and raises
+:class:`Interrupted` with what it has. A second Ctrl-C leaves at once.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from collections.abc import Callable
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from typing import Any, TypeVar
+
+from .errors import GpudeployError, RemoteError
+from .model import Host
+
+T = TypeVar("T")
+
+_print_lock = threading.Lock()
+WIND_DOWN_S = 10.0  # after Ctrl-C, how long the hosts may take to report where they stand
+
+
+def say(line: str, *, err: bool = False) -> None:
+    """Print one whole line; threads never interleave within a line."""
+    stream = sys.stderr if err else sys.stdout
+    with _print_lock:
+        stream.write(line + "\n")
+        stream.flush()
+
+
+class Cancel:
+    """One cancel for a whole command: ``set()`` wakes every event registered with ``watch``."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._events: list[threading.Event] = []
+        self._set = False
+
+    def watch(self, event: threading.Event) -> None:
+        with self._lock:
+            if self._set:
+                event.set()
+            else:
+                self._events.append(event)
+
+    def set(self) -> None:
+        with self._lock:
+            self._set = True
+            events, self._events = self._events, []
+        for event in events:
+            event.set()
+
+    def is_set(self) -> bool:
+        return self._set
+
+
+class Interrupted(GpudeployError):
+    """Ctrl-C. ``results`` holds each host's outcome as far as it got (an error for hosts that
+    did not answer in time)."""
+
+    def __init__(self, results: dict[str, Any]) -> None:
+        self.results = results
+        super().__init__("interrupted")
+
+
+def for_each_host(hosts: list[Host], fn: Callable[[Host], T], cancel: Cancel | None = None
+                  ) -> dict[str, T | GpudeployError]:
+    results: dict[str, T | GpudeployError] = {}
+    if not hosts:
+        return results
+
+    def one(host: Host) -> None:
+        try:
+            results[host.name] = fn(host)
+        except GpudeployError as exc:
+            results[host.name] = exc
+        except Exception as exc:  # a bug or a library error: this host's failure, not everyone's
+            results[host.name] = RemoteError(host.name, f"unexpected {type(exc).__name__}: {exc}")
+
+    pool = ThreadPoolExecutor(max_workers=min(32, len(hosts)))
+    futures: list[Future[None]] = [pool.submit(one, h) for h in hosts]
+    try:
+        pending = set(futures)
+        while pending:  # short waits, so Ctrl-C is seen at once
+            _, pending = wait(pending, timeout=0.2, return_when=FIRST_EXCEPTION)
+    except KeyboardInterrupt:
+        if cancel is not None:
+            cancel.set()
+        say("interrupted: no longer waiting; asking each host where it stands (Ctrl-C again to leave now)",
+            err=True)
+        try:
+            wait(futures, timeout=WIND_DOWN_S)
+        except KeyboardInterrupt:
+            os._exit(130)
+        partial: dict[str, Any] = {
+            h.name: results.get(h.name, RemoteError(h.name, "interrupted before this host answered; "
+                                                    "`invoke status` shows what runs there"))
+            for h in hosts}
+        raise Interrupted(partial) from None
+    finally:
+        pool.shutdown(wait=False)
+    return {h.name: results[h.name] for h in hosts}

@@ -1,0 +1,196 @@
+"""The SSH transport: one fabric/paramiko connection per host, host keys checked, errors made plain.
+
+Fabric accepts unknown host keys by default (AutoAddPolicy); gpudeploy never does: the key must be
+one of the host's known keys (``remote.trust``: the inventory's known_hosts, then the user's and
+the system's files). ``~/.ssh/config`` is honoured as fabric reads it (Hostname, User, Port,
+IdentityFile, ProxyJump); what the inventory sets explicitly wins.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import fabric
+import paramiko
+
+from ..errors import HostUnreachable, RemoteError
+from ..facts import remote_probe
+from ..model import Host
+from . import trust
+
+PROBE_SOURCE = Path(remote_probe.__file__).read_text()
+READ_SLICE_S = 0.05  # how long one read waits for stdout before it looks at stderr again
+
+
+@dataclass(frozen=True)
+class Result:
+    rc: int
+    stdout: str
+    stderr: str
+
+
+def command_line(argv: list[str]) -> str:
+    """argv as one remote shell command line, every word quoted."""
+    return " ".join(shlex.quote(a) for a in argv)
+
+
+class Remote:
+    """A connected host. Commands are argv lists, quoted here; nothing is concatenated elsewhere."""
+
+    def __init__(self, host: Host) -> None:
+        self.host = host
+        ssh = host.ssh
+        key = ssh.key
+        kwargs: dict[str, Any] = {}
+        if ssh.user is not None:
+            kwargs["user"] = ssh.user
+        if ssh.port is not None:
+            kwargs["port"] = ssh.port
+        connect: dict[str, Any] = {"look_for_keys": key is None, "allow_agent": key is None,
+                                   "banner_timeout": ssh.connect_timeout_s, "auth_timeout": ssh.connect_timeout_s}
+        if key:
+            connect["key_filename"] = [key]  # (fabric cannot merge a None key list with ssh_config's)
+        self.conn = fabric.Connection(host.address, **kwargs, connect_kwargs=connect)
+        # fabric rounds connect_timeout down to whole seconds (0.5 becomes 0, i.e. none at all);
+        # paramiko takes a float, so it goes straight there.
+        self.conn.connect_timeout = None
+        self.conn.connect_kwargs["timeout"] = ssh.connect_timeout_s
+        files = trust.all_files(ssh)
+        self.known_name = trust.key_name(self.conn.host, self.conn.port)
+        self.conn.client.set_missing_host_key_policy(trust.KnownHostsPolicy(files))
+        self.conn.connect_kwargs["transport_factory"] = trust.transport_factory(
+            trust.preferred_key_types(self.known_name, files))
+
+    def __enter__(self) -> Remote:
+        self.open()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def where(self) -> str:
+        return f"{self.conn.user}@{self.conn.host}:{self.conn.port}"
+
+    def open(self) -> None:
+        where = self.where
+        try:
+            self.conn.open()
+            # Keepalives make a half-open connection fail instead of hanging a read forever.
+            self.conn.transport.set_keepalive(2)
+        except trust.UntrustedHostKey as exc:
+            raise HostUnreachable(self.host.name, str(exc)) from None
+        except paramiko.AuthenticationException as exc:
+            raise HostUnreachable(self.host.name, f"ssh authentication to {where} failed: {exc}") from None
+        except paramiko.SSHException as exc:
+            raise HostUnreachable(self.host.name, f"ssh to {where} failed: {exc}") from None
+        except TimeoutError:
+            raise HostUnreachable(self.host.name, f"ssh to {where} timed out") from None
+        except OSError as exc:
+            raise HostUnreachable(self.host.name, f"cannot reach {where}: {exc.strerror or exc}") from None
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def _session(self) -> paramiko.Channel:
+        transport = self.conn.transport
+        if transport is None or not transport.is_active():
+            raise HostUnreachable(self.host.name, "the ssh connection was lost")
+        try:
+            chan: paramiko.Channel = transport.open_session(timeout=self.host.ssh.connect_timeout_s)
+            return chan
+        except paramiko.ChannelException as exc:
+            # sshd refused another session on this connection (MaxSessions): not a lost host.
+            raise RemoteError(self.host.name, f"the host refused another ssh session: {exc}") from None
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise HostUnreachable(self.host.name, f"the ssh connection was lost: {exc}") from None
+
+    def run(self, argv: list[str], *, stdin: bytes | None = None, timeout: float = 60.0,
+            check: bool = True) -> Result:
+        """Run ``argv`` and wait at most ``timeout`` seconds in all; RemoteError if it fails and ``check``.
+
+        stdout and stderr are read together, so a command that writes much to stderr never blocks
+        on a full window while we wait for its stdout.
+        """
+        command = command_line(argv)
+        deadline = time.monotonic() + timeout
+        chan = self._session()
+        out, err = bytearray(), bytearray()
+        try:
+            chan.settimeout(max(0.1, timeout))
+            chan.exec_command(command)
+            if stdin is not None:
+                chan.sendall(stdin)
+            chan.shutdown_write()
+            chan.settimeout(READ_SLICE_S)
+            stdout_open = True
+            while True:
+                if time.monotonic() > deadline:
+                    raise TimeoutError
+                while chan.recv_stderr_ready():
+                    err += chan.recv_stderr(65536)
+                if stdout_open:
+                    try:
+                        data = chan.recv(65536)
+                    except TimeoutError:
+                        continue
+                    if data:
+                        out += data
+                        continue
+                    stdout_open = False
+                if chan.status_event.wait(min(READ_SLICE_S, max(0.0, deadline - time.monotonic()))):
+                    while chan.recv_stderr_ready():
+                        err += chan.recv_stderr(65536)
+                    break
+            rc = chan.recv_exit_status()
+        except TimeoutError:
+            raise RemoteError(self.host.name, f"`{command[:120]}` did not finish within {timeout:g} s") from None
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise HostUnreachable(self.host.name, f"the ssh connection was lost: {exc}") from None
+        finally:
+            chan.close()
+        if rc == -1 and not (self.conn.transport and self.conn.transport.is_active()):
+            raise HostUnreachable(self.host.name, "the ssh connection was lost")
+        result = Result(rc, out.decode(errors="replace"), err.decode(errors="replace"))
+        if check and rc != 0:
+            raise RemoteError(self.host.name, f"`{command[:200]}` failed (exit {rc}): "
+                              f"{(result.stderr or result.stdout).strip()[-500:]}")
+        return result
+
+    def stream(self, argv: list[str]) -> paramiko.Channel:
+        """Start a long-running command; the caller reads lines from the returned channel."""
+        chan = self._session()
+        try:
+            chan.exec_command(command_line(argv))
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            chan.close()
+            raise HostUnreachable(self.host.name, f"the ssh connection was lost: {exc}") from None
+        return chan
+
+    def probe(self, spec: dict[str, Any]) -> dict[str, Any]:
+        """One round trip that returns every fact (see facts/remote_probe.py)."""
+        res = self.run([self.host.python if self.host.python else "python3", "-c", PROBE_SOURCE,
+                        json.dumps(spec)], timeout=60)
+        return parse_probe(self.host.name, res.stdout)
+
+    def put(self, path: str, data: bytes, mode: int) -> None:
+        """Write ``path`` atomically in one round trip: a temp file in the same folder, created
+        0600 (umask) so a secret is never readable by others, mode set, then renamed over."""
+        folder, name = path.rsplit("/", 1)
+        script = 'umask 077 && mkdir -p "$1" && cat > "$2" && chmod "$4" "$2" && mv -f "$2" "$3"'
+        self.run(["sh", "-c", script, "put", folder, f"{folder}/.{name}.gpudeploy-tmp", path, f"{mode:o}"],
+                 stdin=data, timeout=60)
+
+
+def parse_probe(host: str, stdout: str) -> dict[str, Any]:
+    try:
+        data: dict[str, Any] = json.loads(stdout)
+    except ValueError:
+        raise RemoteError(host, f"host probe returned no JSON: {stdout[:200]!r}") from None
+    return data
+

@@ -1,0 +1,121 @@
+"""The scripts gpudeploy runs on hosts, run here on real processes (no root, no lab)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from gpudeploy.apply.hostscripts import kill_exact_argv
+from gpudeploy.apply.lock import HOLDER
+
+
+def _start_ticks(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat[stat.rindex(")") + 2:].split()[19])
+
+
+def _gone(proc: subprocess.Popen[bytes], within: float = 5.0) -> bool:
+    try:
+        proc.wait(timeout=within)
+        return True
+    except subprocess.TimeoutExpired:
+        return False
+
+
+def _run_kill(targets: list[tuple[int, int | None]]) -> list[str]:
+    argv = kill_exact_argv(targets)
+    res = subprocess.run([sys.executable, *argv[1:]], capture_output=True, text=True, check=True)
+    return res.stdout.splitlines()
+
+
+def test_exact_kill_needs_the_recorded_start_time() -> None:
+    proc = subprocess.Popen(["sleep", "30"])
+    try:
+        ticks = _start_ticks(proc.pid)
+        # No start time: refused (a recorded PID may have been reused by now).
+        assert _run_kill([(proc.pid, None)]) == [f"refused {proc.pid} (no start time)"]
+        # Another start time: the PID belongs to another process now; spared.
+        assert _run_kill([(proc.pid, ticks + 1)])[0].startswith(f"spared {proc.pid}")
+        assert proc.poll() is None
+        assert _run_kill([(proc.pid, ticks)]) == [f"killed {proc.pid}"]
+        assert _gone(proc)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _holder(path: Path, wait_s: float, beat_s: float) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-c", HOLDER, str(path), '{"by": "test"}', str(wait_s), str(beat_s)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+
+def _first_line(proc: subprocess.Popen[str]) -> str:
+    assert proc.stdout is not None
+    return proc.stdout.readline().strip()
+
+
+def test_a_waiter_that_gives_up_never_takes_the_lock_later(tmp_path: Path) -> None:
+    lock = tmp_path / "host.lock"
+    first = _holder(lock, 5, 30)
+    try:
+        assert _first_line(first) == "locked"
+        waiter = _holder(lock, 0.5, 30)
+        assert _first_line(waiter).startswith("busy")
+        assert _first_line(waiter) == "timeout"
+        assert waiter.wait(timeout=5) == 3
+        # The first holder lets go; a new holder gets the lock at once: nobody else took it.
+        assert first.stdin is not None
+        first.stdin.close()
+        assert first.wait(timeout=5) == 0
+        third = _holder(lock, 0.5, 30)
+        assert _first_line(third) == "locked"
+        assert third.stdin is not None
+        third.stdin.close()
+        third.wait(timeout=5)
+    finally:
+        for p in (first,):
+            p.kill()
+            p.wait()
+
+
+def test_a_holder_without_heartbeat_lets_go(tmp_path: Path) -> None:
+    # The client vanished without closing the channel (sshd has not noticed): no heartbeat for
+    # beat_s seconds frees the lock, instead of holding it until sshd's TCP keepalive (hours).
+    lock = tmp_path / "host.lock"
+    silent = _holder(lock, 5, 0.5)
+    try:
+        assert _first_line(silent) == "locked"
+        waiter = _holder(lock, 10, 30)
+        lines = [_first_line(waiter), _first_line(waiter)]
+        assert lines[0].startswith("busy") and lines[1] == "locked", lines
+        assert silent.wait(timeout=5) == 0
+        assert waiter.stdin is not None
+        waiter.stdin.close()
+        waiter.wait(timeout=5)
+    finally:
+        silent.kill()
+        silent.wait()
+
+
+def test_a_heartbeat_keeps_the_lock(tmp_path: Path) -> None:
+    lock = tmp_path / "host.lock"
+    holder = _holder(lock, 5, 0.5)
+    try:
+        assert _first_line(holder) == "locked"
+        assert holder.stdin is not None
+        deadline = time.monotonic() + 1.5  # three heartbeat timeouts, with a beat every 0.1 s
+        while time.monotonic() < deadline:
+            holder.stdin.write(".")
+            holder.stdin.flush()
+            time.sleep(0.1)
+        assert holder.poll() is None
+        waiter = _holder(lock, 0.3, 30)
+        assert _first_line(waiter).startswith("busy") and _first_line(waiter) == "timeout"
+        waiter.wait(timeout=5)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert os.path.exists(lock)

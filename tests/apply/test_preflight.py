@@ -1,0 +1,36 @@
+"""Preflight over recorded host facts: what stops a deploy before any file is touched."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from gpudeploy.apply.preflight import problems
+from gpudeploy.plan import load_plan
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _facts(listening: dict[str, list[int]], procs: list[int]) -> dict[str, Any]:
+    unit = load_plan(str(REPO / "inventory" / "lab.yml"), host="lab1", role="prefill", memory=False).units[0]
+    return {"systemd": True, "listening": listening,
+            "gpus": {"devices": [{"index": g, "total": 96 * 2**30, "used": 0} for g in range(8)], "processes": []},
+            "units": {unit.name: {"procs": [{"pid": p} for p in procs], "props": {}}}}
+
+
+def _check(facts: dict[str, Any]) -> list[str]:
+    plan = load_plan(str(REPO / "inventory" / "lab.yml"), host="lab1", role="prefill", memory=False)
+    return problems(plan.inventory.hosts["lab1"], list(plan.units), facts, force=False)
+
+
+def test_a_port_held_by_a_process_we_cannot_see_is_not_free() -> None:
+    # /proc/net/tcp lists the socket but no /proc/PID/fd points at it (another PID namespace, a
+    # kernel socket): before, an empty owner list passed as "ours".
+    found = _check(_facts({"30000": []}, procs=[]))
+    assert any("port 30000 (http of role prefill) is already in use by a process gpudeploy cannot see" in p
+               for p in found), found
+
+
+def test_a_port_held_by_the_unit_itself_is_fine_and_anyone_elses_is_not() -> None:
+    assert _check(_facts({"30000": [41]}, procs=[41])) == []
+    assert any("already in use by pid 99" in p for p in _check(_facts({"30000": [99]}, procs=[41])))
