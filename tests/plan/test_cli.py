@@ -60,6 +60,15 @@ def test_bad_input_is_one_clear_message(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing written
 
 
+@pytest.mark.parametrize(("value", "message"), [("abc", "--timeout takes a number of seconds, not 'abc'"),
+                                                ("0", "--timeout must be more than 0 seconds, got '0'"),
+                                                ("-5", "--timeout must be more than 0 seconds")])
+def test_a_bad_timeout_is_a_message_not_a_traceback_or_ignored(value: str, message: str) -> None:
+    # `--timeout abc` was a ValueError traceback; `--timeout 0` was silently the role's timeout.
+    res = invoke("deploy", "--host", "node171", "--timeout", value)
+    assert res.returncode == 1 and message in res.stderr and "Traceback" not in res.stderr, res.stderr
+
+
 def test_list_shows_each_task_with_help() -> None:
     res = invoke("--list")
     assert res.returncode == 0

@@ -1,0 +1,59 @@
+"""One unit whose start fails (or times out) is that unit's outcome; the wave goes on."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpudeploy.apply import deploy as d
+from gpudeploy.errors import RemoteError
+from gpudeploy.plan import load_plan
+from gpudeploy.supervisor import systemd
+from gpudeploy.supervisor.systemd import Run
+from gpudeploy.verify.gate import GateResult
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class _Host:
+    """What _start_and_gate needs of a host: it writes run records and reads the unit's PIDs."""
+
+    def __init__(self, name: str) -> None:
+        self.host = type("H", (), {"name": name})()
+        self.records: dict[str, dict[str, Any]] = {}
+
+    def put(self, path: str, data: bytes, mode: int) -> None:
+        self.records[path] = json.loads(data)
+
+    def probe(self, spec: dict[str, Any]) -> dict[str, Any]:
+        return {"units": {u: {"procs": [{"pid": 7, "start_ticks": 99}]} for u in spec["units"]}}
+
+
+def test_a_start_that_times_out_does_not_leave_the_others_ungated(monkeypatch: pytest.MonkeyPatch) -> None:
+    plan = load_plan(str(REPO / "inventory" / "lab.yml"), host="lab1", memory=False)
+    prefill, decode = (u for u in plan.units if u.role.name in ("prefill", "decode"))
+
+    def restart(remote: Any, unit: str, *, was_active: bool, stop_timeout_s: float) -> Run:
+        if unit == prefill.name:  # the old run ignored SIGTERM past the restart's timeout
+            raise RemoteError("lab1", f"`systemctl restart {unit}` did not finish within 90 s")
+        return Run(unit, "inv-decode", 42, 1_000, restarted=False)
+
+    monkeypatch.setattr(systemd, "restart", restart)
+    monkeypatch.setattr(d, "gate_runs", lambda remote, runs, **kw: {u.name: GateResult(True, "ready", 1.0)
+                                                                    for u, _ in runs})
+    host = _Host("lab1")
+    facts = {"units": {u.name: {"props": {"ActiveState": "active"}} for u in (prefill, decode)}}
+    files = {u.name: {u.unit_path: (b"x", 0o644)} for u in (prefill, decode)}
+    out = {o.unit.role.name: o for o in d._start_and_gate(host, [prefill, decode], files, facts,  # type: ignore[arg-type]
+                                                          d.Options(), None)}
+    assert not out["prefill"].ok and "did not finish within 90 s" in out["prefill"].message
+    assert out["decode"].ok and out["decode"].action == "started" and out["decode"].pids == [7]
+    record = host.records[f"{d.RUNS_DIR}/{decode.name}.json"]
+    assert record["state"] == "ready" and record["deployment"] == "lab"
+
+
+def test_the_restart_may_take_the_old_runs_stop_timeout_and_then_some() -> None:
+    assert systemd.restart_timeout(1800) >= 1800 + 60  # was a fixed 120 s
