@@ -7,6 +7,7 @@ from typing import Any
 
 from gpudeploy.apply.preflight import problems
 from gpudeploy.plan import load_plan
+from gpudeploy.supervisor.systemd import SYSTEMD
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -20,7 +21,8 @@ def _facts(listening: dict[str, list[int]], procs: list[int]) -> dict[str, Any]:
 
 def _check(facts: dict[str, Any]) -> list[str]:
     plan = load_plan(str(REPO / "inventory" / "lab.yml"), host="lab1", role="prefill", memory=False)
-    return problems(plan.inventory.hosts["lab1"], list(plan.units), facts, force=False)
+    return problems(plan.inventory.hosts["lab1"], list(plan.units), facts, SYSTEMD.states(facts), SYSTEMD,
+                    force=False)
 
 
 def test_a_port_held_by_a_process_we_cannot_see_is_not_free() -> None:

@@ -11,8 +11,9 @@ import pytest
 from gpudeploy.apply import deploy as d
 from gpudeploy.errors import RemoteError
 from gpudeploy.plan import load_plan
+from gpudeploy.remote.base import Result
 from gpudeploy.supervisor import systemd
-from gpudeploy.supervisor.systemd import Run
+from gpudeploy.supervisor.base import Run
 from gpudeploy.verify.gate import GateResult
 
 REPO = Path(__file__).resolve().parents[2]
@@ -22,14 +23,16 @@ class _Host:
     """What _start_and_gate needs of a host: it writes run records and reads the unit's PIDs."""
 
     def __init__(self, name: str) -> None:
-        self.host = type("H", (), {"name": name})()
+        self.host = type("H", (), {"name": name, "python": "python3"})()
         self.records: dict[str, dict[str, Any]] = {}
 
     def put(self, path: str, data: bytes, mode: int) -> None:
         self.records[path] = json.loads(data)
 
-    def probe(self, spec: dict[str, Any]) -> dict[str, Any]:
-        return {"units": {u: {"procs": [{"pid": 7, "start_ticks": 99}]} for u in spec["units"]}}
+    def run(self, argv: list[str], **kw: Any) -> Result:
+        assert argv[1] == "-c"  # only the host probe runs here
+        units = json.loads(argv[3])["units"]
+        return Result(0, json.dumps({"units": {u: {"procs": [{"pid": 7, "start_ticks": 99}]} for u in units}}), "")
 
 
 def test_a_start_that_times_out_does_not_leave_the_others_ungated(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -42,13 +45,14 @@ def test_a_start_that_times_out_does_not_leave_the_others_ungated(monkeypatch: p
         return Run(unit, "inv-decode", 42, 1_000, restarted=False)
 
     monkeypatch.setattr(systemd, "restart", restart)
-    monkeypatch.setattr(d, "gate_runs", lambda remote, runs, **kw: {u.name: GateResult(True, "ready", 1.0)
-                                                                    for u, _ in runs})
+    monkeypatch.setattr(d, "gate_runs", lambda remote, supervisor, runs, **kw: {
+        u.name: GateResult(True, "ready", 1.0) for u, _ in runs})
     host = _Host("lab1")
-    facts = {"units": {u.name: {"props": {"ActiveState": "active"}} for u in (prefill, decode)}}
+    states = systemd.SYSTEMD.states({"units": {u.name: {"props": {"ActiveState": "active", "LoadState": "loaded"}}
+                                               for u in (prefill, decode)}})
     files = {u.name: {u.unit_path: (b"x", 0o644)} for u in (prefill, decode)}
-    out = {o.unit.role.name: o for o in d._start_and_gate(host, [prefill, decode], files, facts,  # type: ignore[arg-type]
-                                                          d.Options(), None)}
+    out = {o.unit.role.name: o for o in d._start_and_gate(host, systemd.SYSTEMD, [prefill, decode],  # type: ignore[arg-type]
+                                                          files, states, d.Options(), None)}
     assert not out["prefill"].ok and "did not finish within 90 s" in out["prefill"].message
     assert out["decode"].ok and out["decode"].action == "started" and out["decode"].pids == [7]
     record = host.records[f"{d.RUNS_DIR}/{decode.name}.json"]

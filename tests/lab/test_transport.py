@@ -13,6 +13,7 @@ from conftest import Lab
 from deploytools import KEY, KNOWN_HOSTS
 
 from gpudeploy.errors import HostUnreachable, RemoteError
+from gpudeploy.facts.probe import probe
 from gpudeploy.model import Host, SshConfig
 from gpudeploy.remote import openssh
 from gpudeploy.remote.ssh import Remote
@@ -52,11 +53,11 @@ def test_status_and_deploy_trust_exactly_the_same_keys(lab: Lab, tmp_path: Path,
     monkeypatch.setenv("HOME", str(home))
     steps = iter(range(10))
 
-    def probe(h: Host) -> dict[str, object]:
+    def status_probe(h: Host) -> dict[str, object]:
         # A fresh control socket each time: a shared connection is not checked again.
         # (short: a unix socket path holds at most 107 bytes)
         monkeypatch.setattr(openssh, "CONTROL_DIR", Path(tempfile.mkdtemp(prefix=f"gd{next(steps)}", dir="/tmp")))
-        return openssh.probe(h, {"units": []})
+        return probe(openssh.OpenSsh(h), {"units": []})
 
     empty = tmp_path / "empty_known_hosts"
     empty.write_text("")
@@ -65,13 +66,13 @@ def test_status_and_deploy_trust_exactly_the_same_keys(lab: Lab, tmp_path: Path,
     with pytest.raises(HostUnreachable, match="not in known_hosts"):
         Remote(host).open()
     with pytest.raises(HostUnreachable):
-        probe(host)
+        status_probe(host)
     # Known only in the user's own ~/.ssh/known_hosts: both accept.
     (home / ".ssh").mkdir(parents=True)
     shutil.copy(KNOWN_HOSTS, home / ".ssh" / "known_hosts")
     with Remote(host) as remote:
         assert remote.run(["true"]).rc == 0
-    assert "units" in probe(host)
+    assert "units" in status_probe(host)
     # A wrong key in the inventory's file, the right one in the user's: OpenSSH accepts a key
     # that matches in any file, and so does the paramiko transport.
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "other")], check=True)
@@ -79,10 +80,10 @@ def test_status_and_deploy_trust_exactly_the_same_keys(lab: Lab, tmp_path: Path,
     empty.write_text(f"{lab.address_of('lab1')} {kind} {b64}\n")
     with Remote(host) as remote:
         assert remote.run(["true"]).rc == 0
-    assert "units" in probe(host)
+    assert "units" in status_probe(host)
     # Only the wrong key anywhere: both refuse, paramiko saying the key changed.
     (home / ".ssh" / "known_hosts").unlink()
     with pytest.raises(HostUnreachable, match="does NOT match"):
         Remote(host).open()
     with pytest.raises(HostUnreachable):
-        probe(host)
+        status_probe(host)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from gpudeploy.supervisor.systemd import Run, Watch, journal_argv, message_text, parse_states, route
+from gpudeploy.supervisor.base import Run
+from gpudeploy.supervisor.systemd import Watch, journal_argv, message_text, parse_states, route
 
 A = Run("gpudeploy-lab.decode.service", "new-invocation", 100, start_us=2_000_000, restarted=False)
 B = Run("gpudeploy-lab.prefill.service", "prefill-invocation", 101, start_us=2_000_000, restarted=False)

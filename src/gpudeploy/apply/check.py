@@ -11,7 +11,8 @@ from typing import Any
 from ..fanout import say
 from ..model import Unit
 from ..plan import envfile
-from ..remote.ssh import Remote
+from ..remote.base import Transport
+from ..supervisor.base import UnitState
 
 
 def changed_files(files: dict[str, tuple[bytes, int]], facts: dict[str, Any]) -> list[str]:
@@ -27,10 +28,9 @@ def file_diff(u: Unit, path: str, old: str) -> str:
                                         fromfile=f"{u.host.name}:{path}", tofile=f"planned:{path}"))
 
 
-def check_unit(remote: Remote, u: Unit, files: dict[str, tuple[bytes, int]], facts: dict[str, Any],
-               healthy: bool) -> str:
+def check_unit(remote: Transport, u: Unit, files: dict[str, tuple[bytes, int]], facts: dict[str, Any],
+               state: UnitState, healthy: bool) -> str:
     """Print what deploy would do to ``u``; return the action ("unchanged", "would restart", ...)."""
-    props = facts["units"][u.name]["props"]
     tag = f"[{u.host.name}/{u.role.name}]"
     changed = changed_files(files, facts)
     for path in changed:
@@ -38,7 +38,7 @@ def check_unit(remote: Remote, u: Unit, files: dict[str, tuple[bytes, int]], fac
         diff = file_diff(u, path, old)
         say(f"{tag} {'would change' if old else 'would create'} {path}" + (f"\n{diff.rstrip()}" if diff else
                                                                              " (only a secret value differs)"))
-    active = props.get("ActiveState") == "active"
+    active = state.active
     if not changed and active and healthy:
         action = "unchanged"
     elif active:

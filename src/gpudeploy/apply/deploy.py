@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import GpudeployError, InputError, Problem
+from ..facts.probe import probe
 from ..fanout import Cancel, for_each_host, say
 from ..model import Host, Plan, Unit
 from ..plan.build import render_env
@@ -23,9 +24,10 @@ from ..plan.calibrate import CalibrationStore, parse_memory_log
 from ..plan.flags import PROGRAM, flag_for
 from ..plan.memcheck import memory_verdicts
 from ..plan.render import Renderer
+from ..remote.base import Transport
 from ..remote.ssh import Remote
-from ..supervisor import systemd
-from ..supervisor.systemd import Run
+from ..supervisor import for_host
+from ..supervisor.base import Run, Supervisor, UnitState
 from ..verify.causes import Cause, FlagName
 from ..verify.gate import GateResult, gate_runs
 from ..verify.http import status_of
@@ -33,6 +35,7 @@ from . import check, preflight
 from .lock import HostLock
 
 RUNS_DIR = "/var/lib/gpudeploy/runs"
+STOP_MARGIN_S = 30.0  # what a stop may take beyond the unit's own stop timeout
 
 
 @dataclass
@@ -129,37 +132,37 @@ def deploy_host(host: Host, units: list[Unit], secrets: dict[str, str], renderer
     def waiting(who: str) -> None:
         say(f"[{host.name}] waiting for another gpudeploy run ({who})")
 
+    supervisor = for_host(host)
     with Remote(host) as remote, HostLock(remote, opts.lock_wait_s, waiting, cancel):
         files = {u.name: desired_files(u, secrets, renderer) for u in units}
-        facts = remote.probe({"units": [u.name for u in units], "files": [p for f in files.values() for p in f],
-                              "ports": True, "gpus": True})
+        facts = probe(remote, {"units": [u.name for u in units], "files": [p for f in files.values() for p in f],
+                               "ports": True, "gpus": True})
+        states = supervisor.states(facts)
         healthy = {u.name: status_of(u.health_url, timeout=2.0) == 200 for u in units
-                   if u.health_url and facts["units"][u.name]["props"].get("ActiveState") == "active"}
-        preflight.check(host, units, facts, force=opts.force)
+                   if u.health_url and states[u.name].active}
+        preflight.check(host, units, facts, states, supervisor, force=opts.force)
 
         if opts.check:
-            return [UnitOutcome(u, check.check_unit(remote, u, files[u.name], facts, healthy.get(u.name, False)),
-                                True, int(facts["units"][u.name]["props"].get("MainPID", "0") or 0))
+            return [UnitOutcome(u, check.check_unit(remote, u, files[u.name], facts, states[u.name],
+                                                    healthy.get(u.name, False)), True, states[u.name].main_pid)
                     for u in units]
 
         outcomes: dict[str, UnitOutcome] = {}
         to_start: list[Unit] = []
         for u in units:
             want = _hashes(files[u.name])
-            props = facts["units"][u.name]["props"]
-            if (all(facts["files"].get(p) == h for p, h in want.items())
-                    and props.get("ActiveState") == "active" and healthy.get(u.name)):
-                outcomes[u.name] = UnitOutcome(u, "unchanged", True, int(props.get("MainPID", "0")),
+            state = states[u.name]
+            if all(facts["files"].get(p) == h for p, h in want.items()) and state.active and healthy.get(u.name):
+                outcomes[u.name] = UnitOutcome(u, "unchanged", True, state.main_pid,
                                                message="unchanged and healthy; not restarted")
-                say(f"[{host.name}/{u.role.name}] unchanged and healthy "
-                    f"(MainPID {props.get('MainPID')}); not restarted")
+                say(f"[{host.name}/{u.role.name}] unchanged and healthy (MainPID {state.main_pid}); not restarted")
                 continue
             to_start.append(u)
             for path, (data, mode) in files[u.name].items():
                 if facts["files"].get(path) != want[path]:
                     remote.put(path, data, mode)
         if to_start:
-            remote.run(["systemctl", "daemon-reload"], timeout=60)
+            supervisor.installed(remote)
         engines = [u for u in to_start if u.role.engine != "sglang_router"]
         routers = [u for u in to_start if u.role.engine == "sglang_router"]
         for wave in (engines, routers):
@@ -170,7 +173,8 @@ def deploy_host(host: Host, units: list[Unit], secrets: dict[str, str], renderer
                     outcomes[u.name] = UnitOutcome(u, "skipped", False, message="not started: an engine failed")
                     say(f"[{host.name}/{u.role.name}] not started because an engine on this host failed")
                 continue
-            outcomes.update({o.unit.name: o for o in _start_and_gate(remote, wave, files, facts, opts, cancel)})
+            outcomes.update({o.unit.name: o for o in _start_and_gate(remote, supervisor, wave, files, states,
+                                                                    opts, cancel)})
         return [outcomes[u.name] for u in units]
 
 
@@ -185,8 +189,8 @@ def _flag_name(u: Unit) -> FlagName:
     return flag_name
 
 
-def _start_and_gate(remote: Remote, units: list[Unit], files: dict[str, Any], facts: dict[str, Any],
-                    opts: Options, cancel: Cancel | None) -> list[UnitOutcome]:
+def _start_and_gate(remote: Transport, supervisor: Supervisor, units: list[Unit], files: dict[str, Any],
+                    states: dict[str, UnitState], opts: Options, cancel: Cancel | None) -> list[UnitOutcome]:
     host = remote.host.name
     outcomes: dict[str, UnitOutcome] = {}
     started: list[tuple[Unit, Run]] = []
@@ -194,9 +198,9 @@ def _start_and_gate(remote: Remote, units: list[Unit], files: dict[str, Any], fa
         if cancel is not None and cancel.is_set():
             outcomes[u.name] = UnitOutcome(u, "skipped", False, message="not started: interrupted")
             continue
-        was_active = facts["units"][u.name]["props"].get("ActiveState") == "active"
         try:
-            run = systemd.restart(remote, u.name, was_active=was_active, stop_timeout_s=u.role.stop_timeout_s)
+            run = supervisor.start(remote, u.name, was_active=states[u.name].active,
+                                   stop_timeout_s=u.role.stop_timeout_s)
         except GpudeployError as exc:
             # e.g. the old run ignored SIGTERM past the restart's timeout: systemd is still at it.
             outcomes[u.name] = UnitOutcome(u, "failed", False, message=f"{exc}; `invoke status` shows where it is")
@@ -214,22 +218,22 @@ def _start_and_gate(remote: Remote, units: list[Unit], files: dict[str, Any], fa
         say(f"[{host}/{u.role.name}] {elapsed:6.1f}s  {phase}")
 
     try:
-        gates = gate_runs(remote, started, on_phase=on_phase, flag_name=_flag_name, timeout_s=opts.timeout_s,
-                          cancel=cancel)
+        gates = gate_runs(remote, supervisor, started, on_phase=on_phase, flag_name=_flag_name,
+                          timeout_s=opts.timeout_s, cancel=cancel)
     except GpudeployError as exc:  # the watch could not even start (connection lost right then)
         gates = {u.name: GateResult(False, "starting", 0.0, Cause("connection-lost", str(exc)))
                  for u, _ in started}
     for u, run in started:
         try:
-            outcomes[u.name] = _after_gate(remote, u, run, gates[u.name], files, opts)
+            outcomes[u.name] = _after_gate(remote, supervisor, u, run, gates[u.name], files, opts)
         except GpudeployError as exc:
             outcomes[u.name] = UnitOutcome(u, "failed", False, run.main_pid, gates[u.name],
                                            message=f"after the gate: {exc}")
     return [outcomes[u.name] for u in units]
 
 
-def _after_gate(remote: Remote, u: Unit, run: Run, gate: GateResult, files: dict[str, Any],
-                opts: Options) -> UnitOutcome:
+def _after_gate(remote: Transport, supervisor: Supervisor, u: Unit, run: Run, gate: GateResult,
+                files: dict[str, Any], opts: Options) -> UnitOutcome:
     action = "restarted" if run.restarted else "started"
     cause = gate.cause
     base = {"invocation": run.invocation, "main_pid": run.main_pid, "started_us": run.start_us}
@@ -238,7 +242,7 @@ def _after_gate(remote: Remote, u: Unit, run: Run, gate: GateResult, files: dict
     if cause is not None and cause.kind == "interrupted":
         return UnitOutcome(u, "interrupted", False, run.main_pid, gate, message="left running (still starting)")
     if gate.ok:
-        procs = remote.probe({"units": [u.name]})["units"][u.name]["procs"]
+        procs = supervisor.states(probe(remote, {"units": [u.name]}))[u.name].procs
         _record(remote, u, {"state": "ready", **base,
                             "pids": [{"pid": p["pid"], "start_ticks": p["start_ticks"]} for p in procs],
                             "files": _hashes(files[u.name])})
@@ -247,7 +251,7 @@ def _after_gate(remote: Remote, u: Unit, run: Run, gate: GateResult, files: dict
     if gate.died_at is None and not opts.keep_failed:
         # A server that hangs, or printed a fatal line but lingers, still holds its GPUs:
         # stop it so the node is not left half started (--keep-failed keeps it for debugging).
-        systemd.stop(remote, [u.name], systemd.restart_timeout(u.role.stop_timeout_s))
+        supervisor.stop(remote, [u.name], u.role.stop_timeout_s + STOP_MARGIN_S)
         stopped = "stopped"
     _record(remote, u, {"state": "failed", **base, "stopped_after_failure": bool(stopped),
                         "cause": {"kind": cause.kind, "summary": cause.summary,
@@ -255,7 +259,7 @@ def _after_gate(remote: Remote, u: Unit, run: Run, gate: GateResult, files: dict
     return UnitOutcome(u, "failed", False, run.main_pid, gate, message=stopped)
 
 
-def _record(remote: Remote, unit: Unit, data: dict[str, Any]) -> None:
+def _record(remote: Transport, unit: Unit, data: dict[str, Any]) -> None:
     record = {"unit": unit.name, "host": unit.host.name, "deployment": unit.deployment, "role": unit.role.name,
               "recorded_at": time.time(), **data}
     remote.put(f"{RUNS_DIR}/{unit.name}.json", json.dumps(record, indent=1).encode(), 0o644)

@@ -6,15 +6,18 @@ from typing import Any
 
 from ..errors import RemoteError
 from ..model import Host, Unit
+from ..supervisor.base import Supervisor, UnitState
 
 GPU_MEMORY_TOLERANCE = 0.06  # NVML reports a "96 GB" card as 95.6 GiB
 
 
-def problems(host: Host, units: list[Unit], facts: dict[str, Any], *, force: bool) -> list[str]:
+def problems(host: Host, units: list[Unit], facts: dict[str, Any], states: dict[str, UnitState],
+             supervisor: Supervisor, *, force: bool) -> list[str]:
     """Every reason not to deploy ``units`` on ``host`` now (empty when it may go ahead)."""
     out: list[str] = []
-    if not facts.get("systemd"):
-        out.append("systemd is not running as the init system (no /run/systemd/system)")
+    missing_supervisor = supervisor.unavailable(facts)
+    if missing_supervisor:
+        out.append(missing_supervisor)
     gpus = facts.get("gpus") or {}
     devices = {d["index"]: d for d in gpus.get("devices", [])}
     wanted = sorted({g for u in units for g in u.gpus})
@@ -31,7 +34,7 @@ def problems(host: Host, units: list[Unit], facts: dict[str, Any], *, force: boo
                 if abs(real - declared) > GPU_MEMORY_TOLERANCE * real:
                     out.append(f"inventory says GPU {g} has {declared:g} GiB but NVML reports {real:.1f} GiB; "
                                "fix gpu_memory_gib")
-    mine = {u.name: {p["pid"] for p in facts["units"][u.name]["procs"]} for u in units}
+    mine = {u.name: {p["pid"] for p in states[u.name].procs} for u in units}
     all_mine = set().union(*mine.values()) if mine else set()
     for p in gpus.get("processes", []):
         if p["gpu"] in wanted and p["pid"] not in all_mine and not force:
@@ -55,8 +58,9 @@ def problems(host: Host, units: list[Unit], facts: dict[str, Any], *, force: boo
     return out
 
 
-def check(host: Host, units: list[Unit], facts: dict[str, Any], *, force: bool) -> None:
-    found = problems(host, units, facts, force=force)
+def check(host: Host, units: list[Unit], facts: dict[str, Any], states: dict[str, UnitState],
+          supervisor: Supervisor, *, force: bool) -> None:
+    found = problems(host, units, facts, states, supervisor, force=force)
     if found:
         raise RemoteError(host.name, "preflight failed, nothing was changed:\n"
                           + "\n".join(f"  - {p}" for p in found))

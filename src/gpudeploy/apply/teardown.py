@@ -14,16 +14,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import GpudeployError
+from ..facts.probe import probe
 from ..fanout import Cancel, for_each_host, say
 from ..model import Host, Plan, Unit
 from ..plan.build import ENV_DIR, STATE_ROOT, UNIT_DIR, unit_stem
 from ..remote.ssh import Remote
-from ..supervisor import systemd
+from ..supervisor import for_host
+from ..supervisor.base import UnitState
 from .hostscripts import kill_exact_argv
 from .lock import HostLock
 
 RUNS_DIR = "/var/lib/gpudeploy/runs"
 LINGER_S = 5.0  # a SIGKILLed process lingers until its parent reaps it
+STOP_MARGIN_S = 30.0  # what a stop may take beyond the units' own stop timeouts
 
 
 @dataclass
@@ -55,12 +58,12 @@ def teardown(plan: Plan, hosts: list[Host], *, purge: bool, whole_deployment: bo
     return for_each_host(hosts, one, cancel)
 
 
-def survivors(unit_facts: dict[str, Any], gpu_processes: list[dict[str, Any]]) -> dict[int, int | None]:
-    """PID -> start ticks of every process of a stopped unit still alive: in its cgroup, recorded
+def survivors(state: UnitState, record: dict[str, Any], gpu_processes: list[dict[str, Any]]) -> dict[int, int | None]:
+    """PID -> start ticks of every process of a stopped unit still alive: the unit's own, recorded
     by the deploy (start time checked by the probe), or on a GPU under a recorded PID."""
-    found: dict[int, int | None] = {p["pid"]: p.get("start_ticks") for p in unit_facts["procs"]}
-    found.update({p["pid"]: p.get("start_ticks") for p in unit_facts.get("recorded_alive", [])})
-    recorded = {r["pid"]: r.get("start_ticks") for r in (unit_facts.get("record") or {}).get("pids", [])}
+    found: dict[int, int | None] = {p["pid"]: p.get("start_ticks") for p in state.procs}
+    found.update({p["pid"]: p.get("start_ticks") for p in state.recorded_alive})
+    recorded = {r["pid"]: r.get("start_ticks") for r in record.get("pids", [])}
     for p in gpu_processes:
         if p["pid"] in recorded and p["pid"] not in found:
             found[p["pid"]] = recorded[p["pid"]]
@@ -89,28 +92,30 @@ def teardown_host(host: Host, units: list[Unit], deployment: str | None, purge: 
     def waiting(who: str) -> None:
         say(f"[{host.name}] waiting for another gpudeploy run ({who})")
 
+    supervisor = for_host(host)
     with Remote(host) as remote, HostLock(remote, lock_wait_s, waiting, cancel):
         spec: dict[str, Any] = {"units": list(planned), "gpus": True}
         if deployment:
             spec["deployment"] = deployment
-        before = remote.probe(spec)
-        names = list(before["units"])
+        before = supervisor.states(probe(remote, spec))
+        names = list(before)
         if not names:
             return []
         stop_timeout = max([u.role.stop_timeout_s for u in units] + [30.0])
-        systemd.stop(remote, names, systemd.restart_timeout(stop_timeout))
-        after = remote.probe({"units": names, "gpus": True})
-        gpu_procs = (after.get("gpus") or {}).get("processes", [])
+        supervisor.stop(remote, names, stop_timeout + STOP_MARGIN_S)
+        after_facts = probe(remote, {"units": names, "gpus": True})
+        after = supervisor.states(after_facts)
+        gpu_procs = (after_facts.get("gpus") or {}).get("processes", [])
         outcomes = []
         for name in names:
-            uf = after["units"][name]
-            record = uf.get("record") or before["units"][name].get("record") or {}
-            meta = before["units"][name].get("meta") or {}
+            now, then = after[name], before[name]
+            record = now.record or then.record or {}
+            meta = then.meta or {}
             role = planned[name].role.name if name in planned else meta.get("role") or record.get("role", "?")
-            out = TeardownOutcome(name, role, before["units"][name]["props"].get("ActiveState", "?"))
-            left = survivors({**uf, "record": record}, gpu_procs)
+            out = TeardownOutcome(name, role, then.state)
+            left = survivors(now, record, gpu_procs)
             if left:
-                cmds = {p["pid"]: p.get("cmd", "?") for p in uf["procs"] + uf.get("recorded_alive", [])}
+                cmds = {p["pid"]: p.get("cmd", "?") for p in now.procs + now.recorded_alive}
                 for pid in left:
                     say(f"[{host.name}/{role}] process {pid} survived the stop ({cmds.get(pid, '?')[:80]}); "
                         "killing it by PID and start time")
@@ -124,15 +129,15 @@ def teardown_host(host: Host, units: list[Unit], deployment: str | None, purge: 
             outcomes.append(out)
         deadline = time.monotonic() + LINGER_S
         while True:  # a SIGKILLed process lingers until its parent reaps it; wait for that, bounded
-            final = remote.probe({"units": names, "gpus": True})
-            lingering = any(u["procs"] or u.get("recorded_alive") for u in final["units"].values())
-            if not lingering or time.monotonic() > deadline:
+            final_facts = probe(remote, {"units": names, "gpus": True})
+            final = supervisor.states(final_facts)
+            if not any(st.procs or st.recorded_alive for st in final.values()) or time.monotonic() > deadline:
                 break
             time.sleep(0.2)
-        gpus = final.get("gpus") or {}
+        gpus = final_facts.get("gpus") or {}
         for out in outcomes:
-            uf = final["units"][out.unit]
-            out.left = [p["pid"] for p in uf["procs"]] + [p["pid"] for p in uf.get("recorded_alive", [])]
+            st = final[out.unit]
+            out.left = [p["pid"] for p in st.procs] + [p["pid"] for p in st.recorded_alive]
             unit = planned.get(out.unit)
             if unit is not None:
                 used = {d["index"]: d["used"] / 2**30 for d in gpus.get("devices", [])}
@@ -140,8 +145,7 @@ def teardown_host(host: Host, units: list[Unit], deployment: str | None, purge: 
                 out.gpu_left = [p for p in gpus.get("processes", []) if p["gpu"] in unit.gpus]
         if purge:
             for out in outcomes:
-                out.purged = owned_paths(out.unit, before["units"][out.unit].get("meta"), planned.get(out.unit))
+                out.purged = owned_paths(out.unit, before[out.unit].meta, planned.get(out.unit))
             remote.run(["rm", "-rf", "--", *(p for out in outcomes for p in out.purged)])
-            remote.run(["systemctl", "daemon-reload"])
-            remote.run(["systemctl", "reset-failed", "--", *names], check=False)
+            supervisor.forget(remote, names)
         return outcomes

@@ -9,22 +9,19 @@ round trip. Host keys are checked by the same rule and the same files as the par
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Any
 
 from ..errors import HostUnreachable, RemoteError
-from ..facts import remote_probe
 from ..model import Host
 from . import trust
-from .ssh import command_line, parse_probe
+from .base import Result
+from .ssh import command_line
 
 PERSIST_S = 120
 CONTROL_DIR = Path(os.environ.get("GPUDEPLOY_SSH_CONTROL_DIR", Path.home() / ".cache" / "gpudeploy" / "ssh"))
-_SOURCE = Path(remote_probe.__file__).read_text()
 
 
 def available() -> bool:
@@ -49,14 +46,26 @@ def ssh_argv(host: Host, command: list[str]) -> list[str]:
     return ["ssh", *opts, "--", host.address, command_line(command)]
 
 
-def probe(host: Host, spec: dict[str, Any], timeout: float = 30.0) -> dict[str, Any]:
-    argv = ssh_argv(host, [host.python or "python3", "-c", _SOURCE, json.dumps(spec)])
-    try:
-        res = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        raise HostUnreachable(host.name, f"ssh to {host.address} did not answer within {timeout:g} s") from None
-    if res.returncode == 255:
-        raise HostUnreachable(host.name, f"ssh to {host.address} failed: {res.stderr.strip()[-300:]}")
-    if res.returncode != 0:
-        raise RemoteError(host.name, f"host probe failed (exit {res.returncode}): {res.stderr.strip()[-300:]}")
-    return parse_probe(host.name, res.stdout)
+class OpenSsh:
+    """Commands through the system's ssh client with a shared connection: ``run`` only, for
+    read-only facts. Writes, streams and the gate use the paramiko transport."""
+
+    def __init__(self, host: Host) -> None:
+        self.host = host
+
+    def run(self, argv: list[str], *, stdin: bytes | None = None, timeout: float = 30.0,
+            check: bool = True) -> Result:
+        host = self.host
+        try:
+            res = subprocess.run(ssh_argv(host, argv), capture_output=True, timeout=timeout,
+                                 input=stdin if stdin is not None else b"")
+        except subprocess.TimeoutExpired:
+            raise HostUnreachable(host.name, f"ssh to {host.address} did not answer within {timeout:g} s") from None
+        stderr = res.stderr.decode(errors="replace")
+        if res.returncode == 255:
+            raise HostUnreachable(host.name, f"ssh to {host.address} failed: {stderr.strip()[-300:]}")
+        result = Result(res.returncode, res.stdout.decode(errors="replace"), stderr)
+        if check and res.returncode != 0:
+            raise RemoteError(host.name, f"`{command_line(argv)[:200]}` failed (exit {res.returncode}): "
+                              f"{stderr.strip()[-300:]}")
+        return result

@@ -1,4 +1,5 @@
-"""The SSH transport: one fabric/paramiko connection per host, host keys checked, errors made plain.
+"""The SSH transport (see ``remote.base`` for the interface): one fabric/paramiko connection per
+host, host keys checked, errors made plain.
 
 Fabric accepts unknown host keys by default (AutoAddPolicy); gpudeploy never does: the key must be
 one of the host's known keys (``remote.trust``: the inventory's known_hosts, then the user's and
@@ -8,30 +9,19 @@ IdentityFile, ProxyJump); what the inventory sets explicitly wins.
 
 from __future__ import annotations
 
-import json
 import shlex
 import time
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import fabric
 import paramiko
 
 from ..errors import HostUnreachable, RemoteError
-from ..facts import remote_probe
 from ..model import Host
 from . import trust
+from .base import Result
 
-PROBE_SOURCE = Path(remote_probe.__file__).read_text()
 READ_SLICE_S = 0.05  # how long one read waits for stdout before it looks at stderr again
-
-
-@dataclass(frozen=True)
-class Result:
-    rc: int
-    stdout: str
-    stderr: str
 
 
 def command_line(argv: list[str]) -> str:
@@ -172,12 +162,6 @@ class Remote:
             raise HostUnreachable(self.host.name, f"the ssh connection was lost: {exc}") from None
         return chan
 
-    def probe(self, spec: dict[str, Any]) -> dict[str, Any]:
-        """One round trip that returns every fact (see facts/remote_probe.py)."""
-        res = self.run([self.host.python if self.host.python else "python3", "-c", PROBE_SOURCE,
-                        json.dumps(spec)], timeout=60)
-        return parse_probe(self.host.name, res.stdout)
-
     def put(self, path: str, data: bytes, mode: int) -> None:
         """Write ``path`` atomically in one round trip: a temp file in the same folder, created
         0600 (umask) so a secret is never readable by others, mode set, then renamed over."""
@@ -185,12 +169,3 @@ class Remote:
         script = 'umask 077 && mkdir -p "$1" && cat > "$2" && chmod "$4" "$2" && mv -f "$2" "$3"'
         self.run(["sh", "-c", script, "put", folder, f"{folder}/.{name}.gpudeploy-tmp", path, f"{mode:o}"],
                  stdin=data, timeout=60)
-
-
-def parse_probe(host: str, stdout: str) -> dict[str, Any]:
-    try:
-        data: dict[str, Any] = json.loads(stdout)
-    except ValueError:
-        raise RemoteError(host, f"host probe returned no JSON: {stdout[:200]!r}") from None
-    return data
-

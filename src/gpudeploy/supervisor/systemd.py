@@ -1,4 +1,4 @@
-"""systemd as the supervisor of gpudeploy's servers: start a unit, name its run, watch its runs.
+"""systemd as the supervisor of gpudeploy's servers (see ``base.py`` for the interface).
 
 A run is one start of a unit, named by systemd's InvocationID; its log lines are the journal
 entries with ``_SYSTEMD_INVOCATION_ID=<id>``, so a line of an earlier run can never be taken for
@@ -13,11 +13,11 @@ import json
 import shlex
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from ..errors import GpudeployError, RemoteError
-from ..remote.ssh import Remote
+from ..remote.base import Stream, Transport
+from .base import Run, Sink, UnitState
 
 STATE_POLL_S = 0.2
 LOST_AFTER_S = 5.0  # a state poll unanswered this long means the host is cut off
@@ -26,35 +26,12 @@ STATE_PROPS = "Id,ActiveState,SubState,InvocationID,ExecMainStatus,Result"
 EXIT_WORDS = ("Main process exited", "Failed with result", "Deactivated successfully")
 
 
-@dataclass(frozen=True)
-class Run:
-    """One start of a unit: what the gate and the run record need to find it again."""
-
-    unit: str
-    invocation: str
-    main_pid: int
-    start_us: int  # the host's clock (µs since the epoch) just before the start
-    restarted: bool  # it replaced a run that was active
-
-
-class Sink(Protocol):
-    """Where a watched run's events go (the gate's per-unit watcher)."""
-
-    def line(self, text: str) -> None: ...
-
-    def exited(self, words: str, *, from_log: bool) -> None:
-        """The main process ended. ``from_log``: the log stream said so, so every line the
-        process wrote has already been delivered."""
-
-    def lost(self, reason: str) -> None: ...
-
-
 def restart_timeout(stop_timeout_s: float) -> float:
     """`systemctl restart` first stops the old run (up to its TimeoutStopSec=), then starts."""
     return stop_timeout_s + START_MARGIN_S
 
 
-def restart(remote: Remote, unit: str, *, was_active: bool, stop_timeout_s: float) -> Run:
+def restart(remote: Transport, unit: str, *, was_active: bool, stop_timeout_s: float) -> Run:
     """Forget an earlier failure, note the host's clock, (re)start, read the new run: one round trip."""
     q = shlex.quote(unit)
     script = (f"systemctl reset-failed {q} 2>/dev/null; date +%s%6N; systemctl restart {q} && "
@@ -68,11 +45,11 @@ def restart(remote: Remote, unit: str, *, was_active: bool, stop_timeout_s: floa
     return Run(unit, props["InvocationID"], int(props.get("MainPID", "0") or 0), int(lines[0]), was_active)
 
 
-def stop(remote: Remote, units: list[str], timeout_s: float) -> None:
+def stop(remote: Transport, units: list[str], timeout_s: float) -> None:
     remote.run(["systemctl", "stop", "--", *units], timeout=timeout_s, check=False)
 
 
-def run_lines(remote: Remote, invocation: str, timeout_s: float = LOST_AFTER_S) -> list[str]:
+def run_lines(remote: Transport, invocation: str, timeout_s: float = LOST_AFTER_S) -> list[str]:
     """Every line one run wrote, read directly (when the stream lags behind the run's end)."""
     res = remote.run(["journalctl", "--no-pager", "-o", "cat", f"_SYSTEMD_INVOCATION_ID={invocation}"],
                      timeout=timeout_s, check=False)
@@ -146,7 +123,7 @@ def parse_states(text: str) -> dict[str, dict[str, str]]:
 class Watch:
     """Follows several runs on one host: one journal stream, one state poll, events to sinks."""
 
-    def __init__(self, remote: Remote, runs: list[Run], sinks: Mapping[str, Sink]) -> None:
+    def __init__(self, remote: Transport, runs: list[Run], sinks: Mapping[str, Sink]) -> None:
         self.remote = remote
         self.runs = {r.unit: r for r in runs}
         self.sinks = sinks
@@ -218,3 +195,54 @@ class Watch:
                         and props.get("ActiveState") in ("failed", "inactive")):
                     self.sinks[unit].exited(f"Main process exited, status={props.get('ExecMainStatus')}, "
                                             f"result={props.get('Result')}", from_log=False)
+
+
+def unit_state(name: str, uf: Mapping[str, Any]) -> UnitState:
+    """One unit of the host probe's facts (``systemctl show`` properties and friends) -> UnitState."""
+    props = uf.get("props") or {}
+    active = props.get("ActiveState", "unknown")
+    return UnitState(
+        name=name, installed=props.get("LoadState") == "loaded", state=active, detail=props.get("SubState", "?"),
+        main_pid=int(props.get("MainPID", "0") or 0), run_id=props.get("InvocationID", ""),
+        failed=active == "failed" or props.get("Result", "success") not in ("success", ""),
+        exit_words=f"status={props.get('ExecMainStatus')}, result={props.get('Result')}",
+        procs=list(uf.get("procs") or []), recorded_alive=list(uf.get("recorded_alive") or []),
+        record=uf.get("record"), log_tail=list(uf.get("journal") or []), meta=uf.get("meta"))
+
+
+class Systemd:
+    """The Supervisor interface on systemd units (``gpudeploy-<deployment>.<role>.service``)."""
+
+    name = "systemd"
+
+    def unavailable(self, facts: dict[str, Any]) -> str | None:
+        return None if facts.get("systemd") else "systemd is not running as the init system (no /run/systemd/system)"
+
+    def states(self, facts: dict[str, Any]) -> dict[str, UnitState]:
+        return {name: unit_state(name, uf) for name, uf in facts.get("units", {}).items()}
+
+    def installed(self, transport: Transport) -> None:
+        transport.run(["systemctl", "daemon-reload"], timeout=60)
+
+    def start(self, transport: Transport, unit: str, *, was_active: bool, stop_timeout_s: float) -> Run:
+        return restart(transport, unit, was_active=was_active, stop_timeout_s=stop_timeout_s)
+
+    def watch(self, transport: Transport, runs: list[Run], sinks: dict[str, Sink]) -> Watch:
+        return Watch(transport, runs, sinks)
+
+    def run_lines(self, transport: Transport, run: Run) -> list[str]:
+        return run_lines(transport, run.invocation)
+
+    def logs(self, transport: Transport, run_id: str, *, lines: int, follow: bool) -> Stream:
+        argv = ["journalctl", "--no-pager", "-o", "short-iso", "-n", str(lines), f"_SYSTEMD_INVOCATION_ID={run_id}"]
+        return transport.stream([*argv, "-f"] if follow else argv)
+
+    def stop(self, transport: Transport, units: list[str], timeout_s: float) -> None:
+        stop(transport, units, timeout_s)
+
+    def forget(self, transport: Transport, units: list[str]) -> None:
+        transport.run(["systemctl", "daemon-reload"])
+        transport.run(["systemctl", "reset-failed", "--", *units], check=False)
+
+
+SYSTEMD = Systemd()

@@ -1,9 +1,9 @@
 """The health gate: wait for /health 200 while watching each run's log and state, and stop at
 once, with the cause, when a server dies or prints a fatal line.
 
-Per host, every run started in one wave is gated together. The supervisor's :class:`Watch` feeds
-one watcher per run (a :class:`~gpudeploy.supervisor.systemd.Sink`) from one log stream and one
-state poll; each run's HTTP poll is a tenacity retry whose sleep is ``Event.wait`` on that
+Per host, every run started in one wave is gated together. The supervisor's ``watch`` feeds one
+watcher per run (a :class:`~gpudeploy.supervisor.base.Sink`) from one log stream and one state
+poll; each run's HTTP poll is a tenacity retry whose sleep is ``Event.wait`` on that
 watcher's ``stop``, so a death, a fatal line or Ctrl-C (the command's one :class:`Cancel`) wakes
 it at once.
 """
@@ -21,9 +21,8 @@ from tenacity import retry_if_result, stop_after_delay, wait_exponential
 from ..errors import GpudeployError
 from ..fanout import Cancel
 from ..model import Unit
-from ..remote.ssh import Remote
-from ..supervisor import systemd
-from ..supervisor.systemd import Run
+from ..remote.base import Transport
+from ..supervisor.base import Run, Supervisor
 from .causes import Cause, FlagName, classify, fatal_rule, log_format, phase_of
 from .http import status_of
 
@@ -109,7 +108,7 @@ class _Watch:
         self.stop.set()
 
 
-def gate_runs(remote: Remote, runs: list[tuple[Unit, Run]], *, on_phase: OnPhase,
+def gate_runs(remote: Transport, supervisor: Supervisor, runs: list[tuple[Unit, Run]], *, on_phase: OnPhase,
               flag_name: Callable[[Unit], FlagName], timeout_s: float | None = None,
               cancel: Cancel | None = None) -> dict[str, GateResult]:
     """Gate every run of ``runs`` (all on ``remote``'s host) at once; unit name -> result."""
@@ -121,13 +120,13 @@ def gate_runs(remote: Remote, runs: list[tuple[Unit, Run]], *, on_phase: OnPhase
 
     def one(w: _Watch) -> None:
         try:
-            results[w.unit.name] = _gate_one(remote, w, flag_name(w.unit), timeout_s, cancel)
+            results[w.unit.name] = _gate_one(remote, supervisor, w, flag_name(w.unit), timeout_s, cancel)
         except Exception as exc:  # never lose the other units' results to one unit's surprise
             results[w.unit.name] = GateResult(False, w.phase, time.monotonic() - w.t0, Cause(
                 "gate-error", f"the gate itself failed: {type(exc).__name__}: {exc}", tuple(w.lines[-5:]),
                 "`invoke status` shows the unit's state; please report this error"), w.lines)
 
-    with systemd.Watch(remote, [r for _, r in runs], watches):
+    with supervisor.watch(remote, [r for _, r in runs], dict(watches)):
         threads = [threading.Thread(target=one, args=(w,), daemon=True) for w in watches.values()]
         for t in threads:
             t.start()
@@ -136,7 +135,7 @@ def gate_runs(remote: Remote, runs: list[tuple[Unit, Run]], *, on_phase: OnPhase
     return results
 
 
-def _gate_one(remote: Remote, watch: _Watch, flag_name: FlagName, timeout_s: float | None,
+def _gate_one(remote: Transport, supervisor: Supervisor, watch: _Watch, flag_name: FlagName, timeout_s: float | None,
               cancel: Cancel | None) -> GateResult:
     unit = watch.unit
     timeout = timeout_s if timeout_s is not None else unit.role.health.timeout_s
@@ -147,7 +146,7 @@ def _gate_one(remote: Remote, watch: _Watch, flag_name: FlagName, timeout_s: flo
             and not watch.log_saw_exit.wait(JOURNAL_CATCH_UP_S)):
         # The state poll saw the death first and the stream lags: read this run's lines directly.
         try:
-            lines = systemd.run_lines(remote, watch.run.invocation)
+            lines = supervisor.run_lines(remote, watch.run)
         except GpudeployError:
             lines = []
         if len(lines) > len(watch.lines):

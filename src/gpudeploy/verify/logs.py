@@ -1,32 +1,30 @@
-"""logs: the journal of the unit's current (or last recorded) invocation, never older runs."""
+"""logs: the lines of the unit's current (or last recorded) run, never those of older runs."""
 
 from __future__ import annotations
 
 import sys
 
 from ..errors import RemoteError
+from ..facts.probe import probe
 from ..model import Unit
 from ..remote.ssh import Remote
+from ..supervisor import for_host
 
 
 def show_logs(unit: Unit, *, follow: bool, lines: int = 500) -> None:
+    supervisor = for_host(unit.host)
     with Remote(unit.host) as remote:
-        facts = remote.probe({"units": [unit.name]})
-        uf = facts["units"][unit.name]
-        invocation = uf["props"].get("InvocationID") or (uf.get("record") or {}).get("invocation")
-        if not invocation:
+        state = supervisor.states(probe(remote, {"units": [unit.name]}))[unit.name]
+        run_id = state.run_id or (state.record or {}).get("invocation")
+        if not run_id:
             raise RemoteError(unit.host.name, f"{unit.name} has never run here")
-        argv = ["journalctl", "--no-pager", "-o", "short-iso", "-n", str(lines),
-                f"_SYSTEMD_INVOCATION_ID={invocation}"]
-        if follow:
-            argv.append("-f")
-        chan = remote.stream(argv)
+        stream = supervisor.logs(remote, run_id, lines=lines, follow=follow)
         try:
             while True:
-                data = chan.recv(65536)
+                data = stream.recv(65536)
                 if not data:
                     break
                 sys.stdout.write(data.decode(errors="replace"))
                 sys.stdout.flush()
         finally:
-            chan.close()
+            stream.close()

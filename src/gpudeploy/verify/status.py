@@ -8,9 +8,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import GpudeployError
+from ..facts.probe import probe
 from ..fanout import for_each_host
 from ..model import Host, Plan, Unit
 from ..remote import openssh
+from ..supervisor import for_host
+from ..supervisor.base import UnitState
 from .causes import classify, log_format
 from .http import status_of
 
@@ -50,20 +53,17 @@ def host_status(host: Host, units: list[Unit], deployment: str) -> list[UnitStat
     journal_lines = max([log_format(u.role.log_format).journal_lines for u in units] + [60])
     spec = {"units": [u.name for u in units], "deployment": deployment, "journal_lines": journal_lines}
     if openssh.available():
-        facts = openssh.probe(host, spec)
+        facts = probe(openssh.OpenSsh(host), spec)
     else:
         from ..remote.ssh import Remote  # paramiko, where there is no OpenSSH client
 
         with Remote(host) as remote:
-            facts = remote.probe(spec)
+            facts = probe(remote, spec)
+    states = for_host(host).states(facts)
     planned = {u.name: u for u in units}
     with ThreadPoolExecutor(max_workers=max(1, len(units))) as pool:
         health = dict(zip(planned, pool.map(health_code, planned.values()), strict=True))
-    out = []
-    for name, uf in facts["units"].items():
-        unit = planned.get(name)
-        out.append(_status(host, name, unit, uf, health.get(name, "-"), facts))
-    return out
+    return [_status(host, st, planned.get(name), health.get(name, "-"), facts["now"]) for name, st in states.items()]
 
 
 def health_code(unit: Unit) -> str:
@@ -74,36 +74,29 @@ def health_code(unit: Unit) -> str:
     return "down" if code is None else str(code)
 
 
-def _status(host: Host, name: str, unit: Unit | None, uf: dict[str, Any], health: str,
-            facts: dict[str, Any]) -> UnitStatus:
-    props = uf["props"]
-    record = uf.get("record") or {}
-    active = props.get("ActiveState", "unknown")
-    deployed = props.get("LoadState") == "loaded"
+def _status(host: Host, st: UnitState, unit: Unit | None, health: str, now: float) -> UnitStatus:
+    record = st.record or {}
     uptime = None
-    if active == "active" and record.get("started_us") and record.get("invocation") == props.get("InvocationID"):
-        uptime = max(0.0, facts["now"] - record["started_us"] / 1e6)
-    main_pid = int(props.get("MainPID", "0") or 0)
+    if st.active and record.get("started_us") and record.get("invocation") == st.run_id:
+        uptime = max(0.0, now - record["started_us"] / 1e6)
     # Processes of a recorded run still alive while the unit is not running: orphans, by exact PID.
-    orphans = list(uf.get("recorded_alive", [])) if active != "active" else []
-    orphans += [p for p in uf["procs"] if active != "active" and p not in orphans]
+    orphans = list(st.recorded_alive) if not st.active else []
+    orphans += [p for p in st.procs if not st.active and p not in orphans]
     failure = next_step = None
-    if active == "failed" or props.get("Result", "success") not in ("success", ""):
-        cause = classify(uf.get("journal", []), dict(unit.role.settings) if unit else {}, exited=True,
-                         exit_status=f"status={props.get('ExecMainStatus')}, result={props.get('Result')}",
-                         fmt=log_format(unit.role.log_format if unit else None))
+    if st.failed:
+        cause = classify(st.log_tail, dict(unit.role.settings) if unit else {}, exited=True,
+                         exit_status=st.exit_words, fmt=log_format(unit.role.log_format if unit else None))
         if cause:
             failure, next_step = cause.summary, cause.next_step
     elif record.get("state") == "failed" and record.get("cause"):
         failure = record["cause"].get("summary")
         next_step = record["cause"].get("next_step")
-    healthy = active == "active" and health == "200"
     return UnitStatus(
-        host=host.name, unit=name, role=unit.role.name if unit else record.get("role", "?"),
-        state=f"{active}/{props.get('SubState', '?')}" if deployed else "not deployed",
-        main_pid=main_pid, uptime_s=uptime,
-        ports=dict(unit.ports) if unit else {}, health=health, healthy=healthy, deployed=deployed,
-        procs=uf["procs"], orphans=orphans, last_failure=failure, next_step=next_step)
+        host=host.name, unit=st.name, role=unit.role.name if unit else record.get("role", "?"),
+        state=f"{st.state}/{st.detail}" if st.installed else "not deployed",
+        main_pid=st.main_pid, uptime_s=uptime,
+        ports=dict(unit.ports) if unit else {}, health=health, healthy=st.active and health == "200",
+        deployed=st.installed, procs=st.procs, orphans=orphans, last_failure=failure, next_step=next_step)
 
 
 def fmt_uptime(seconds: float | None) -> str:

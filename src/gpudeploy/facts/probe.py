@@ -1,0 +1,35 @@
+"""The host probe: one round trip that returns every fact (the script is ``remote_probe.py``).
+
+It runs with the host's python over any transport that can ``run`` a command, so status can use
+the shared OpenSSH connection and deploy the paramiko one.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Protocol
+
+from ..errors import RemoteError
+from ..model import Host
+from ..remote.base import Result
+from . import remote_probe
+
+SOURCE = Path(remote_probe.__file__).read_text()
+
+
+class Runner(Protocol):
+    host: Host
+
+    def run(self, argv: list[str], *, stdin: bytes | None = None, timeout: float = 60.0,
+            check: bool = True) -> Result: ...
+
+
+def probe(runner: Runner, spec: dict[str, Any], timeout: float = 60.0) -> dict[str, Any]:
+    host = runner.host
+    res = runner.run([host.python or "python3", "-c", SOURCE, json.dumps(spec)], timeout=timeout)
+    try:
+        data: dict[str, Any] = json.loads(res.stdout)
+    except ValueError:
+        raise RemoteError(host.name, f"host probe returned no JSON: {res.stdout[:200]!r}") from None
+    return data
