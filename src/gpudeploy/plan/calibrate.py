@@ -34,8 +34,14 @@ class Measured:
     mamba_slots: int | None = None              # max_mamba_cache_size
     state_gib: float | None = None              # conv_state + ssm_state size
     pool_end_avail_gib: float | None = None     # Memory pool end. avail mem
-    graph_gib: float | None = None              # sum of "Capture ... graph end ... mem usage"
+    graph_gib: float | None = None              # decode (or target verify) graphs: "... graph end ... mem usage"
     graph_end_avail_gib: float | None = None
+    draft_weights_gib: float | None = None      # a speculative run's second "Load weight end"
+    draft_kv_gib: float | None = None           # ... and its second KV line
+    draft_graph_gib: float | None = None        # "Capture draft ... graph end" lines, summed
+    prefill_graph_gib: float | None = None      # "Capture piecewise/prefill ... graph end" lines, summed
+    graph_begin_avail_gib: float | None = None  # the last "Capture ... graph begin ... avail mem" before a failure
+    graph_floor_gib: float | None = None        # graphs needed at least this much (from an OOM in capture)
     max_running_requests: int | None = None
     oom_tried_gib: float | None = None          # "Tried to allocate X"
     oom_free_gib: float | None = None           # "... of which Y is free"
@@ -61,16 +67,30 @@ def _size(value: str, unit: str) -> float:
     return float(value) * _SIZE_UNITS[unit]
 
 
+# The line formats, from SGLang's format strings (0.5.9 wheel / 0.5.23 wheel, file:line):
+#   Load weight end. ..., avail mem=X GB, mem usage=Y GB.    model_runner.py:1041 / model_runner.py:1373
+#   KV Cache is allocated. [dtype: D, ]#tokens: N, K size: X GB, V size: Y GB (or KV size: X GB)
+#                                                            memory_pool.py:652 / memory_pool.py:2089
+#   Capture cuda graph begin. ... avail mem=X GB             model_runner.py:2147
+#   Capture target decode CUDA graph begin. backend=B, num_tokens_per_req=1, avail mem=X GB
+#                                                            model_runner_components/cuda_graph_setup.py:759
+#   Capture cuda graph end. Time elapsed: T s. mem usage=X GB. avail mem=Y GB.      model_runner.py:2161
+#   Capture target decode CUDA graph end. bs=[...], elapsed=T s, mem usage=X GB, avail mem=Y GB.
+#                                                            model_runner_components/cuda_graph_setup.py:788
+#   Capture draft [extend] cuda graph end. ...               speculative/eagle_worker.py:256 / eagle_worker_v2.py:533
+#   Capture piecewise CUDA graph end. ... / Capture target prefill CUDA graph end. ...
+#                                                            model_runner.py:2236 / cuda_graph_setup.py:696
 _PATTERNS: list[tuple[str, re.Pattern[str]]] = [
     ("load_begin", re.compile(r"Load weight begin\..*?avail mem=" + _NUM)),
     ("load_end", re.compile(r"Load weight end\..*?avail mem=" + _NUM + r"\s*GB, mem usage=" + _NUM)),
-    ("kv", re.compile(r"KV Cache is allocated\. #tokens: (\d+), (?:K size: " + _NUM
+    ("kv", re.compile(r"KV [Cc]ache (?:is )?allocated\. (?:dtype: [\w.]+, )?#tokens: (\d+), (?:K size: " + _NUM
                       + r"\s*GB, V size: " + _NUM + r"|KV size: " + _NUM + r")")),
     ("mamba", re.compile(r"Mamba Cache is allocated\. max_mamba_cache_size: (\d+), conv_state size: "
                          + _NUM + r"\s*GB, ssm_state size: " + _NUM)),
     ("pool_end", re.compile(r"Memory pool end\. avail mem=" + _NUM)),
-    ("graph_begin", re.compile(r"Capture .*?graph begin")),
-    ("graph_end", re.compile(r"Capture .*?graph end\..*?mem usage=" + _NUM + r"\s*GB\. avail mem=" + _NUM,
+    ("graph_begin", re.compile(r"Capture (.*?)graph begin.*?(?:avail mem=" + _NUM + r")?\s*(?:GB)?$",
+                               re.IGNORECASE)),
+    ("graph_end", re.compile(r"Capture (.*?)graph end\..*?mem usage=" + _NUM + r"\s*GB[.,] avail mem=" + _NUM,
                              re.IGNORECASE)),
     ("summary", re.compile(r"max_total_num_tokens=(\d+),.*?max_running_requests=(\d+)")),
     ("ready", re.compile(r"The server is fired up and ready to roll")),
@@ -85,12 +105,28 @@ _PATTERNS: list[tuple[str, re.Pattern[str]]] = [
 ]
 
 
+def _family(name: str) -> str:
+    """Which graphs a capture line is about: "draft", "prefill" (0.5.23 prefill, 0.5.10 piecewise) or "decode"."""
+    low = name.lower()
+    if "draft" in low:
+        return "draft"
+    if "prefill" in low or "piecewise" in low:
+        return "prefill"
+    return "decode"
+
+
 def parse_memory_log(lines: Iterable[str]) -> Measured:
-    """Read one run's startup log into measured figures (rank 0 only where ranks are tagged)."""
+    """Read one run's startup log into measured figures (rank 0 only where ranks are tagged).
+
+    A speculative run loads and sizes its draft after the target: the first "Load weight end"
+    and KV line are the target's, later ones the draft's. Graph lines are kept apart by family
+    (decode or target verify, draft, prefill), so the decode figure is what the decode graphs took.
+    """
     v: dict[str, Any] = {}
     phase = 0
-    graph_total = 0.0
-    graph_seen = False
+    graphs = {"decode": 0.0, "draft": 0.0, "prefill": 0.0}
+    seen: set[str] = set()
+    begin_avail: float | None = None
     failure: str | None = None
 
     def reach(name: str) -> None:
@@ -110,26 +146,37 @@ def parse_memory_log(lines: Iterable[str]) -> Measured:
                 v.setdefault("preload_free_gib", float(m.group(1)))
                 reach("loading-weights")
             elif kind == "load_end":
-                v["after_load_avail_gib"] = float(m.group(1))
-                v["weights_gib"] = float(m.group(2))
+                if "weights_gib" in v:
+                    v["draft_weights_gib"] = float(m.group(2))
+                else:
+                    v["after_load_avail_gib"] = float(m.group(1))
+                    v["weights_gib"] = float(m.group(2))
                 reach("weights-loaded")
             elif kind == "kv":
-                v["kv_tokens"] = int(m.group(1))
-                v["kv_gib"] = (float(m.group(2)) + float(m.group(3))) if m.group(2) else float(m.group(4))
+                size = (float(m.group(2)) + float(m.group(3))) if m.group(2) else float(m.group(4))
+                if "kv_tokens" in v or "draft" in line[:200].lower():
+                    v["draft_kv_gib"] = size
+                else:
+                    v["kv_tokens"] = int(m.group(1))
+                    v["kv_gib"] = size
                 reach("kv-allocated")
             elif kind == "mamba":
-                v["mamba_slots"] = int(m.group(1))
-                v["state_gib"] = float(m.group(2)) + float(m.group(3))
+                v.setdefault("mamba_slots", int(m.group(1)))
+                v.setdefault("state_gib", float(m.group(2)) + float(m.group(3)))
             elif kind == "pool_end":
-                v["pool_end_avail_gib"] = float(m.group(1))
+                v.setdefault("pool_end_avail_gib", float(m.group(1)))
                 reach("memory-pool")
             elif kind == "graph_begin":
+                begin_avail = float(m.group(2)) if m.group(2) else begin_avail
                 reach("graph-capture")
             elif kind == "graph_end":
-                graph_total += float(m.group(1))
-                graph_seen = True
-                v["graph_end_avail_gib"] = float(m.group(2))
-                reach("graphs-captured")
+                fam = _family(m.group(1))
+                graphs[fam] += float(m.group(2))
+                seen.add(fam)
+                begin_avail = None
+                if fam == "decode":
+                    v["graph_end_avail_gib"] = float(m.group(3))
+                    reach("graphs-captured")
             elif kind == "summary":
                 v["max_running_requests"] = int(m.group(2))
             elif kind == "ready":
@@ -151,10 +198,15 @@ def parse_memory_log(lines: Iterable[str]) -> Measured:
                     failure = "oom-in-graph-capture"
                 else:
                     failure = "other"
-    if graph_seen:
-        v["graph_gib"] = round(graph_total, 4)
+    for fam, key in (("decode", "graph_gib"), ("draft", "draft_graph_gib"), ("prefill", "prefill_graph_gib")):
+        if fam in seen:
+            v[key] = round(graphs[fam], 4)
     if failure is None and phase < PHASES.index("ready") and v.get("oom_tried_gib") is not None:
         failure = "other"
+    if failure == "oom-in-graph-capture" and begin_avail is not None and "oom_tried_gib" in v and "oom_free_gib" in v:
+        # what the failing capture had used, plus what it asked for, plus the families done before it
+        v["graph_begin_avail_gib"] = begin_avail
+        v["graph_floor_gib"] = round(begin_avail - v["oom_free_gib"] + v["oom_tried_gib"] + sum(graphs.values()), 4)
     return Measured(failure=failure, phase_reached=PHASES[phase], **v)
 
 

@@ -31,7 +31,10 @@ model that lives only on the GPU node). Accepted keys (unknown keys are an error
   ``context_length``           default context length (default 32768)
   ``mtp_layers``               MTP (NextN) layers shipped in the checkpoint (default 0)
   ``draft_weights_gib``        separate draft model (EAGLE/STANDALONE), all ranks together
-  ``graph_mib_per_token``      override the CUDA-graph memory per captured token (calibrated)
+  ``draft_layers``             that draft model's decoder layers (default 1, an EAGLE head)
+  ``attention_chunk_size``     chunked local attention window (Llama 4), 0 if none
+  ``graph_gib``                measured decode CUDA-graph memory ("Capture ... graph end ... mem
+                               usage=X GB" of a previous run): replaces the estimate
   ``activation_kib_per_token`` override prefill activation memory per token (per rank)
   ``name``                     label used in messages
 
@@ -85,10 +88,12 @@ class ModelFacts:
     context_length: int = 32768
     mtp_layers: int = 0
     draft_weight_bytes: int = 0        # separate draft model (EAGLE/STANDALONE), all ranks
+    draft_layers: int = 1              # its decoder layers (an EAGLE head has one)
+    attention_chunk_size: int = 0      # chunked local attention (Llama 4): FA3 keeps one more page table
+    graph_gib: float | None = None     # measured "Capture ... graph end ... mem usage" of the decode graphs
     quantization: str | None = None
     kv_bytes_per_token_override: int | None = None   # TP1 value given explicitly
     state_bytes_override: int | None = None          # per request, TP1, all linear layers
-    graph_bytes_per_token_override: int | None = None
     activation_bytes_per_token_override: int | None = None
     source: str = ""
 
@@ -165,7 +170,8 @@ _MAPPING_KEYS = {
     "head_dim", "kv_lora_rank", "qk_rope_head_dim", "full_attention_layers", "linear_layers",
     "state_bytes_per_request", "dtype_bytes", "hidden_size", "vocab_size", "intermediate_size",
     "moe_intermediate_size", "num_experts_per_tok", "context_length", "mtp_layers",
-    "draft_weights_gib", "graph_mib_per_token", "activation_kib_per_token", "quantization",
+    "draft_weights_gib", "draft_layers", "attention_chunk_size", "graph_gib", "activation_kib_per_token",
+    "quantization",
 }
 
 
@@ -202,7 +208,7 @@ def model_facts_from_mapping(d: Mapping[str, Any], where: str) -> ModelFacts:
         raise _problem(where, "state_bytes_per_request",
                        "a hybrid model needs state_bytes_per_request (conv + ssm state, TP1)")
     draft = _num(d, "draft_weights_gib", where, default=0.0, integer=False)
-    graph = _num(d, "graph_mib_per_token", where, integer=False)
+    graph = _num(d, "graph_gib", where, integer=False)
     act = _num(d, "activation_kib_per_token", where, integer=False)
     dtype_bytes = _num(d, "dtype_bytes", where, default=2)
     if dtype_bytes == 0:
@@ -219,9 +225,11 @@ def model_facts_from_mapping(d: Mapping[str, Any], where: str) -> ModelFacts:
         context_length=_num(d, "context_length", where, default=32768),
         mtp_layers=_num(d, "mtp_layers", where, default=0),
         draft_weight_bytes=_gib_bytes(draft),
+        draft_layers=_num(d, "draft_layers", where, default=1),
+        attention_chunk_size=_num(d, "attention_chunk_size", where, default=0),
+        graph_gib=graph,
         quantization=str(d["quantization"]) if d.get("quantization") else None,
         kv_bytes_per_token_override=kvpt, state_bytes_override=state,
-        graph_bytes_per_token_override=None if graph is None else round(graph * (1 << 20)),
         activation_bytes_per_token_override=None if act is None else round(act * 1024),
         source=where,
     )
@@ -298,6 +306,7 @@ def model_facts_from_dir(path: str | Path) -> ModelFacts:
         num_experts_per_tok=opt("num_experts_per_tok"),
         context_length=opt("max_position_embeddings", 32768),
         mtp_layers=mtp, quantization=quantization, source=where,
+        attention_chunk_size=opt("attention_chunk_size"),
     )
 
     if cfg.get("kv_lora_rank"):
