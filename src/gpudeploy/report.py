@@ -68,8 +68,11 @@ def memory_line(mem: dict[str, Any]) -> str:
     if mem.get("verdict") == "unknown":
         return f"   memory   unknown: {mem.get('reason')}"
     frac = f"{mem['fraction']:.3f}" + (" (SGLang default)" if mem.get("fraction_is_default") else "")
+    severity = mem.get("severity", "ok")
+    tag = {"warn": "   WARNING: inside the estimate's error, deploy goes ahead",
+           "refuse": "   deploy refuses (or --force)"}.get(severity, "")
     rows = [
-        f"   memory   verdict {mem['verdict'].upper()}   per GPU rank, GiB:",
+        f"   memory   verdict {mem['verdict'].upper()}{tag}   per GPU rank, GiB:",
         f"              capacity {mem['capacity_gib']:.1f}   free before load {mem['preload_free_gib']:.2f}"
         f"   mem-fraction-static {frac}",
         f"              weights {mem['weights_gib']:.2f}   KV pool {mem['kv_pool_gib']:.2f}"
@@ -79,10 +82,14 @@ def memory_line(mem: dict[str, Any]) -> str:
         + ", ".join(f"{k} {v:.2f}" for k, v in mem.get("headroom_breakdown", {}).items()) + ")",
         f"              {mem['reason']}",
     ]
+    if "margin_gib" in mem:
+        rows.append(f"              margin {mem['margin_gib']:+.2f} GiB, error band +-{mem['error_band_gib']:.2f} GiB"
+                    f" (SGLang {mem.get('release_rules')} rules)")
+    rows += [f"              note: {n}" for n in mem.get("notes") or []]
     for name, cmp in (mem.get("measured") or {}).items():
-        if isinstance(cmp, dict):
+        if isinstance(cmp, dict) and "measured" in cmp:
             rows.append(f"              measured {name}: {cmp['measured']} (predicted {cmp['predicted']})")
-    if mem["verdict"] != "fits":
+    if mem["verdict"] != "fits" or severity != "ok":
         flags = " ".join(mem.get("recommended_flags") or [])
         rows.append(f"              recommended: {flags or mem.get('message') or mem.get('recommended')}"
                     + (f"; needs {mem['needs_more_gpus']} GPUs" if mem.get("needs_more_gpus") else ""))

@@ -56,7 +56,7 @@ def unit_memory(host: Host, role: Role, gpus: tuple[int, ...], version: str, sto
     capacity = min(host.gpu_memory_gib.get(g, 0.0) for g in gpus) - CUDA_RESERVED_GIB
     model_id = str(role.model.get("path", role.name))
     measured = store.get(host.name, model_id, role.settings) if store else None
-    b = budget(capacity, facts, settings, measured)
+    b = budget(capacity, facts, settings, measured, release=version)
     doc = b.to_json()
 
     def flag(name: str) -> str:
@@ -65,7 +65,7 @@ def unit_memory(host: Host, role: Role, gpus: tuple[int, ...], version: str, sto
     doc["recommended_flags"] = recommendation_flags(b.recommended, flag)
     if want_suggestions:
         doc["suggestions"] = [dict(s.to_json(), flags=recommendation_flags(s.settings, flag))
-                              for s in suggest(capacity, facts, settings, measured)]
+                              for s in suggest(capacity, facts, settings, measured, release=version)]
     return doc
 
 
@@ -73,15 +73,32 @@ def memory_verdicts(plan: Plan) -> tuple[list[Problem], list[str]]:
     """What the memory preflight says about the plan's units, for deploy.
 
     Returns (refusals, warnings): a refusal stops the deploy unless ``--force``; a warning is
-    printed and the deploy goes ahead.
+    printed and the deploy goes ahead. Only certainties refuse (the weights do not fit, the KV
+    pool or the mamba state comes out empty) and a graph-capture shortfall larger than the
+    estimate's measured error; a shortfall or a thin margin inside that error warns, with the
+    margin, so a setup that boots is never refused on a guess.
     """
-    problems = []
+    problems: list[Problem] = []
+    warnings: list[str] = []
     for u in plan.units:
         mem = u.memory or {}
-        if mem.get("verdict") not in (None, "fits", "unknown"):
-            rec = " ".join(mem.get("recommended_flags") or []) or mem.get("message") or "none found"
-            more = f"; or use {mem['needs_more_gpus']} GPUs" if mem.get("needs_more_gpus") else ""
-            problems.append(Problem(f"memory preflight predicts {mem['verdict']}: {mem.get('reason')}. "
+        verdict = mem.get("verdict")
+        if verdict in (None, "unknown"):
+            continue
+        rec = " ".join(mem.get("recommended_flags") or []) or mem.get("message") or "none found"
+        more = f"; or use {mem['needs_more_gpus']} GPUs" if mem.get("needs_more_gpus") else ""
+        severity = mem.get("severity", "refuse" if verdict != "fits" else "ok")
+        if severity == "refuse":
+            problems.append(Problem(f"memory preflight predicts {verdict}: {mem.get('reason')}. "
                                     f"Recommended: {rec}{more} (or --force)", file=u.role.file,
                                     host=u.host.name, role=u.role.name, key="settings"))
-    return problems, []
+            continue
+        where = f"{u.host.name}/{u.role.name}"
+        if severity == "warn":
+            margin, band = mem.get("margin_gib", 0.0), mem.get("error_band_gib", 0.0)
+            what = (f"{-margin:.2f} GiB short" if margin < 0 else f"{margin:.2f} GiB spare")
+            warnings.append(f"{where}: memory preflight: {verdict}, {what} in the headroom, within the "
+                            f"estimate's +-{band:.2f} GiB error: deploying anyway. If it dies in CUDA graph "
+                            f"capture, the next plan learns from its log. Safer: {rec}{more}")
+        warnings.extend(f"{where}: memory preflight: {note}" for note in mem.get("notes") or [])
+    return problems, warnings
