@@ -175,7 +175,7 @@ def logs(c, host, role, inventory=DEFAULT_INVENTORY, follow=False):  # type: ign
 
 ns = Collection(plan, deploy, status, teardown, logs)
 try:
-    from gpudeploy.lab.tasks import lab_collection
+    from gpudeploy_lab.tasks import lab_collection
 
     ns.add_collection(lab_collection)
 except ImportError:  # pragma: no cover - the lab is optional outside this repo

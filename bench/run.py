@@ -29,7 +29,7 @@ sys.path.insert(0, str(REPO / "src"))
 
 from deploytools import gd, standin_role, write_inventory  # noqa: E402
 
-from gpudeploy import lab as labctl  # noqa: E402
+import gpudeploy_lab as labctl  # noqa: E402
 
 HOSTS = {"lab1": "10.231.0.11", "lab2": "10.231.0.12", "lab3": "10.231.0.13"}
 

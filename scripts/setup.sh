@@ -19,4 +19,8 @@ if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev]'
+# The lab (src/gpudeploy_lab) is not part of the gpudeploy package; the dev venv sees it through
+# a .pth file, as the lab hosts see the stand-in.
+site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+echo "$PWD/src" > "$site/gpudeploy-lab.pth"
 echo "setup: done ($(.venv/bin/python --version), $(.venv/bin/invoke --version | head -1))"

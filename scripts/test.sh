@@ -5,14 +5,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 
-cleanup() { .venv/bin/python -m gpudeploy.lab down || true; }
+cleanup() { .venv/bin/python -m gpudeploy_lab down || true; }
 trap cleanup EXIT
 
 .venv/bin/ruff check src tasks.py tests bench
 .venv/bin/mypy
 # A real engine for the lab's vllm tier: vLLM's CPU build + a tiny model, built once (~3 min) and
 # cached under /var/cache/gpudeploy-lab/engines; lab hosts see it read-only.
-.venv/bin/python -m gpudeploy.lab engine
+.venv/bin/python -m gpudeploy_lab engine
 # The lab tests bring up fresh hosts of this checkout themselves (tests/lab/conftest.py), replacing
 # any lab left up, e.g. by the README's first command.
 .venv/bin/pytest -ra "$@"

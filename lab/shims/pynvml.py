@@ -21,7 +21,7 @@ import json
 import os
 from typing import Any
 
-from gpudeploy.standin.common import gpus_json_path, live_records
+from gpudeploy_lab.standin.common import gpus_json_path, live_records
 
 NVML_SUCCESS = 0
 NVML_ERROR_UNINITIALIZED = 1

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from deploytools import Deployments
 
-from gpudeploy import lab as labctl
+import gpudeploy_lab as labctl
 
 REPO = Path(__file__).resolve().parents[2]
 MIN_HOSTS = 3

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gpudeploy.lab import system
+from gpudeploy_lab import system
 
 
 def _tree(root: Path) -> tuple[Path, Path]:

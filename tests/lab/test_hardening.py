@@ -18,8 +18,8 @@ from conftest import Lab
 from deploytools import REPO, Deployments, gd, main_pid, standin_role, status_json
 
 from gpudeploy.apply.lock import holder_argv
-from gpudeploy.lab import ssh_argv
 from gpudeploy.plan import load_plan, unit_name
+from gpudeploy_lab import ssh_argv
 
 pytestmark = pytest.mark.lab
 

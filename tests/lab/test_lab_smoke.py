@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from gpudeploy import lab as labctl
-from gpudeploy.lab import config
+import gpudeploy_lab as labctl
+from gpudeploy_lab import config
 
 if TYPE_CHECKING:
     from conftest import Lab, LabHost

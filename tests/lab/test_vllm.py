@@ -20,8 +20,8 @@ import yaml
 from conftest import Lab
 from deploytools import REPO, gd, http, status_json, wait_for, write_inventory
 
-from gpudeploy.lab import engine
 from gpudeploy.plan import unit_name
+from gpudeploy_lab import engine
 
 pytestmark = [pytest.mark.lab, pytest.mark.vllm]
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpudeploy.lab.aptsources import lab_sources, proxy_options
+from gpudeploy_lab.aptsources import lab_sources, proxy_options
 
 # This machine's /etc/apt/sources.list.d/debian.sources, 2026-12-01, and a disabled third-party repo.
 DEBIAN_SOURCES = """Types: deb

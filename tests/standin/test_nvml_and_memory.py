@@ -13,7 +13,7 @@ from types import ModuleType
 import pytest
 from standin_support import GPU_BYTES, PYTHON, REPO, Lab
 
-from gpudeploy.standin.memory import (
+from gpudeploy_lab.standin.memory import (
     EngineSettings,
     ModelInfo,
     default_mem_fraction,

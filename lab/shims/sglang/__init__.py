@@ -1,6 +1,6 @@
 """Lab stand-in for the ``sglang`` package: only ``python3 -m sglang.launch_server`` exists.
 
-The engine itself lives in ``gpudeploy.standin`` (``src`` must be on PYTHONPATH too).
+The engine itself lives in ``gpudeploy_lab.standin`` (``src`` must be on PYTHONPATH too).
 """
 
 import os

@@ -23,8 +23,8 @@ import shutil
 import time
 from pathlib import Path
 
-from gpudeploy.lab.config import CACHE_DIR
-from gpudeploy.lab.system import LabError, remove_other_keys, run
+from gpudeploy_lab.config import CACHE_DIR
+from gpudeploy_lab.system import LabError, remove_other_keys, run
 
 RECIPE_REVISION = 1
 PYTHON = "/usr/bin/python3"

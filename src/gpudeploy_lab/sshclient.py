@@ -5,9 +5,9 @@ from __future__ import annotations
 import subprocess
 from collections.abc import Iterable
 
-from gpudeploy.lab import config
-from gpudeploy.lab.config import Host
-from gpudeploy.lab.system import run, write_file
+from gpudeploy_lab import config
+from gpudeploy_lab.config import Host
+from gpudeploy_lab.system import run, write_file
 
 SSH_FAILED = 255  # ssh's own exit status; any other comes from the remote command
 

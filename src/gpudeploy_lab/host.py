@@ -16,9 +16,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gpudeploy.lab import config, engine
-from gpudeploy.lab.config import Host
-from gpudeploy.lab.system import (
+from gpudeploy_lab import config, engine
+from gpudeploy_lab.config import Host
+from gpudeploy_lab.system import (
     LabError,
     cgroup_kill,
     cgroup_populated,

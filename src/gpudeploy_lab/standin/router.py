@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from gpudeploy.standin import api
-from gpudeploy.standin.common import as_float, as_int, build_parser, emit, print_captured_help
+from gpudeploy_lab.standin import api
+from gpudeploy_lab.standin.common import as_float, as_int, build_parser, emit, print_captured_help
 
 VERSION = "0.3.2"
 FORWARDED_HEADERS = ("Content-Type", "X-Request-ID", "Authorization")

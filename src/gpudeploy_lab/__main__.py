@@ -1,16 +1,16 @@
-"""``python -m gpudeploy.lab up [--hosts N] | down | status | engine``: the lab without invoke (for scripts)."""
+"""``python -m gpudeploy_lab up [--hosts N] | down | status | engine``: the lab without invoke (for scripts)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from gpudeploy.lab import control, engine
-from gpudeploy.lab.system import LabError
+from gpudeploy_lab import control, engine
+from gpudeploy_lab.system import LabError
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gpudeploy.lab", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m gpudeploy_lab", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="boot lab hosts and wait until they are ready")
     up.add_argument("--hosts", type=int, default=3, help="how many hosts: lab1..labN (default 3)")

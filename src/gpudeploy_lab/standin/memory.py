@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from gpudeploy.standin.common import CUDA_CONTEXT_BYTES, GIB, MIB, NVML_BASELINE_BYTES
+from gpudeploy_lab.standin.common import CUDA_CONTEXT_BYTES, GIB, MIB, NVML_BASELINE_BYTES
 
 DEFAULT_CONTEXT_LEN = 32768
 

@@ -4,8 +4,8 @@ Runs under Debian's ``/usr/bin/python3`` with nothing but the standard library a
 ``gpudeploy.flagspec``; it must never import other gpudeploy modules.
 
 Entry points (through the shims in ``lab/shims``, put on PYTHONPATH together with ``src``):
-  ``python3 -m sglang.launch_server ARGS``        -> :func:`gpudeploy.standin.engine.main`
-  ``python3 -m sglang_router.launch_router ARGS`` -> :func:`gpudeploy.standin.router.main`
+  ``python3 -m sglang.launch_server ARGS``        -> :func:`gpudeploy_lab.standin.engine.main`
+  ``python3 -m sglang_router.launch_router ARGS`` -> :func:`gpudeploy_lab.standin.router.main`
   ``import pynvml``                               -> ``lab/shims/pynvml.py`` (fake NVML)
 
 Environment contract (all optional):
@@ -27,7 +27,7 @@ in sglang.md's order and formats; ``The server is fired up and ready to roll!`` 
 the launcher's own lines (``Rank N scheduler is dead...``, ``Received sigquit...``) carry no tag;
 uvicorn lines (``INFO:     Uvicorn running on ...``) and tqdm's ``Capturing batches (...)`` none.
 
-Processes: the launcher (MainPID) + one ``python3 -m gpudeploy.standin.worker`` per TP rank, each
+Processes: the launcher (MainPID) + one ``python3 -m gpudeploy_lab.standin.worker`` per TP rank, each
 writing ``$SGLANG_STANDIN_GPU_PROCS_DIR/<pid>.json`` = {"pid", "gpu", "used_bytes"} while it lives.
 Workers exit when the launcher's pipe closes (launcher killed); a SIGKILLed worker's record stays
 (the fake NVML skips dead PIDs).

@@ -14,9 +14,9 @@ import shutil
 import time
 from pathlib import Path
 
-from gpudeploy.lab import aptsources
-from gpudeploy.lab.config import CACHE_DIR, GUEST_SHIMS, GUEST_SRC
-from gpudeploy.lab.system import LabError, remove_other_keys, run
+from gpudeploy_lab import aptsources
+from gpudeploy_lab.config import CACHE_DIR, GUEST_SHIMS, GUEST_SRC
+from gpudeploy_lab.system import LabError, remove_other_keys, run
 
 RECIPE_REVISION = 1
 SUITE = "bookworm"

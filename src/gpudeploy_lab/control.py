@@ -11,10 +11,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpudeploy.lab import config, host, rootfs
-from gpudeploy.lab.config import Host, host_named, lab_hosts, repo_root
-from gpudeploy.lab.sshclient import SSH_FAILED, ensure_key, ssh, write_known_hosts
-from gpudeploy.lab.system import (
+from gpudeploy_lab import config, host, rootfs
+from gpudeploy_lab.config import Host, host_named, lab_hosts, repo_root
+from gpudeploy_lab.sshclient import SSH_FAILED, ensure_key, ssh, write_known_hosts
+from gpudeploy_lab.system import (
     LabError,
     cgroup_pids,
     link_exists,

@@ -1,6 +1,6 @@
 """The stand-in ``python3 -m sglang.launch_server``: SGLang as seen from outside, without a GPU.
 
-One process per TP rank (:mod:`gpudeploy.standin.worker`) prints the rank's startup log lines and
+One process per TP rank (:mod:`gpudeploy_lab.standin.worker`) prints the rank's startup log lines and
 registers fake GPU memory; this process plans the numbers, watches the ranks, then serves HTTP:
 
   loading weights / KV cache / CUDA graphs   port closed
@@ -27,8 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpudeploy.standin import FAULTS, api
-from gpudeploy.standin.common import (
+from gpudeploy_lab.standin import FAULTS, api
+from gpudeploy_lab.standin.common import (
     CUDA_CONTEXT_BYTES,
     GIB,
     as_float,
@@ -46,7 +46,7 @@ from gpudeploy.standin.common import (
     remove_record,
     speed,
 )
-from gpudeploy.standin.memory import (
+from gpudeploy_lab.standin.memory import (
     EnginePlan,
     EngineSettings,
     graph_oom_text,
@@ -406,7 +406,7 @@ class Engine:
             script = rank_script(self.plan, rank, self.fault, self.k)
             r_fd, w_fd = os.pipe()
             proc = subprocess.Popen(
-                [sys.executable, "-m", "gpudeploy.standin.worker", "--rank", str(rank),
+                [sys.executable, "-m", "gpudeploy_lab.standin.worker", "--rank", str(rank),
                  "--status-fd", str(w_fd)],
                 stdin=subprocess.PIPE, pass_fds=(w_fd,), env=env)
             os.close(w_fd)

@@ -5,14 +5,14 @@
     each host: /etc/gpudeploy-lab/gpus.json (8 fake GPUs), the repo's src/ and lab/shims/ read-only
     at /opt/gpudeploy/, so ``python3 -m sglang.launch_server`` runs the stand-in engine
 
-Use ``invoke lab.up|lab.down|lab.status`` or ``python -m gpudeploy.lab up|down|status``. Needs root.
+Use ``invoke lab.up|lab.down|lab.status`` or ``python -m gpudeploy_lab up|down|status``. Needs root.
 This package imports only the standard library (tasks.py adds invoke).
 """
 
-from gpudeploy.lab.config import KNOWN_HOSTS, SSH_KEY, Host, lab_hosts
-from gpudeploy.lab.control import HostStatus, down, leftovers, precondition_problem, status, up
-from gpudeploy.lab.sshclient import ssh, ssh_argv
-from gpudeploy.lab.system import LabError
+from gpudeploy_lab.config import KNOWN_HOSTS, SSH_KEY, Host, lab_hosts
+from gpudeploy_lab.control import HostStatus, down, leftovers, precondition_problem, status, up
+from gpudeploy_lab.sshclient import ssh, ssh_argv
+from gpudeploy_lab.system import LabError
 
 __all__ = ["KNOWN_HOSTS", "SSH_KEY", "Host", "HostStatus", "LabError", "down", "lab_hosts", "leftovers",
            "precondition_problem", "ssh", "ssh_argv", "status", "up"]

@@ -7,8 +7,8 @@ from invoke.context import Context
 from invoke.exceptions import Exit
 from invoke.tasks import task
 
-from gpudeploy.lab import control, engine
-from gpudeploy.lab.system import LabError
+from gpudeploy_lab import control, engine
+from gpudeploy_lab.system import LabError
 
 
 @task(help={"hosts": "how many hosts: lab1..labN (default 3)"})

@@ -1,6 +1,6 @@
 """One stand-in TP rank ("scheduler" process): runs a script the engine wrote for it.
 
-Started by :mod:`gpudeploy.standin.engine` as ``python3 -m gpudeploy.standin.worker --rank N
+Started by :mod:`gpudeploy_lab.standin.engine` as ``python3 -m gpudeploy_lab.standin.worker --rank N
 --status-fd FD``. The first line on stdin is the JSON script; later stdin lines are commands
 (``crash``). EOF on stdin means the engine died: the worker removes its GPU record and exits,
 unless it has detached (``leak``), in which case it lives on as an orphan holding its record.
@@ -21,7 +21,7 @@ import threading
 import time
 from typing import Any
 
-from gpudeploy.standin.common import emit, remove_record, write_record
+from gpudeploy_lab.standin.common import emit, remove_record, write_record
 
 
 class Worker:
@@ -127,7 +127,7 @@ class Worker:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="gpudeploy.standin.worker")
+    ap = argparse.ArgumentParser(prog="gpudeploy_lab.standin.worker")
     ap.add_argument("--rank", type=int, required=True)
     ap.add_argument("--status-fd", type=int, required=True)
     args = ap.parse_args(argv)

@@ -110,9 +110,9 @@ def host_named(name: str) -> Host | None:
 def repo_root() -> Path:
     """The checkout whose ``src/`` and ``lab/shims/`` are bind-mounted into the hosts.
 
-    ``GPUDEPLOY_LAB_REPO`` overrides; otherwise the repo this module lives in (src/gpudeploy/lab/).
+    ``GPUDEPLOY_LAB_REPO`` overrides; otherwise the repo this module lives in (src/gpudeploy_lab/).
     """
     override = os.environ.get("GPUDEPLOY_LAB_REPO")
     if override:
         return Path(override).resolve()
-    return Path(__file__).resolve().parents[3]
+    return Path(__file__).resolve().parents[2]

@@ -1,0 +1,71 @@
+"""The package's shape: folders depend on each other one way, and the product never imports the lab."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "gpudeploy"
+
+
+def _node(module: str) -> str:
+    """A folder of the package (plan, apply, ...) or a module at its top (model, errors, ...)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "gpudeploy"
+
+
+def _imports() -> dict[str, set[str]]:
+    """module -> every gpudeploy/gpudeploy_lab module it imports (at any depth of the file)."""
+    graph: dict[str, set[str]] = {}
+    for path in SRC.rglob("*.py"):
+        rel = path.relative_to(SRC.parent).with_suffix("")
+        parts = list(rel.parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        module = ".".join(parts)
+        package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+        found: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    target = ".".join([*base, *([node.module] if node.module else [])])
+                else:
+                    target = node.module or ""
+                found.add(target)
+                found |= {f"{target}.{a.name}" for a in node.names}
+        graph[module] = {m for m in found if m.split(".")[0] in ("gpudeploy", "gpudeploy_lab")}
+    return graph
+
+
+def test_nothing_in_the_product_imports_the_lab() -> None:
+    offenders = {m: sorted(i for i in deps if i.startswith("gpudeploy_lab")) for m, deps in _imports().items()}
+    assert {m: d for m, d in offenders.items() if d} == {}
+
+
+def test_folders_depend_on_each_other_one_way() -> None:
+    modules = set(_imports())
+    edges: dict[str, set[str]] = {}
+    for module, deps in _imports().items():
+        src = _node(module)
+        for dep in deps:
+            real = dep if dep in modules else dep.rsplit(".", 1)[0]
+            if real in modules and _node(real) != src:
+                edges.setdefault(src, set()).add(_node(real))
+    # Depth-first search for a cycle between folders (or top-level modules).
+    state: dict[str, str] = {}
+
+    def visit(n: str, path: list[str]) -> None:
+        state[n] = "open"
+        for m in sorted(edges.get(n, ())):
+            if state.get(m) == "open":
+                raise AssertionError("import cycle: " + " -> ".join([*path[path.index(m):], m]))
+            if m not in state:
+                visit(m, [*path, m])
+        state[n] = "done"
+
+    for n in sorted(edges):
+        if n not in state:
+            visit(n, [n])
