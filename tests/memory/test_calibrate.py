@@ -143,3 +143,12 @@ def test_recommendation_flags_per_release() -> None:
     names_0523 = {"cuda_graph_max_bs": "--cuda-graph-max-bs-decode"}
     flags = recommendation_flags(rec, lambda n: names_0523.get(n, "--" + n.replace("_", "-")))
     assert flags[2] == "--cuda-graph-max-bs-decode"
+
+
+def test_store_latest_run_under_any_settings(tmp_path: Path) -> None:
+    store = CalibrationStore(tmp_path / "memory.json")
+    assert store.latest("gpu1", "m") is None
+    store.put("gpu1", "m", {"mem_fraction_static": 0.85}, Measured(failure="oom-in-graph-capture"))
+    store.put("gpu1", "m", {"mem_fraction_static": 0.80}, Measured(weights_gib=34.0))
+    store.put("gpu2", "m", {"mem_fraction_static": 0.70}, Measured(weights_gib=1.0))
+    assert store.latest("gpu1", "m") == ({"mem_fraction_static": 0.80}, Measured(weights_gib=34.0))

@@ -99,3 +99,22 @@ def test_plan_suggest_prints_settings_that_fit(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr
     assert "verdict OOM-IN-GRAPH-CAPTURE" in res.stdout
     assert "fits: --mem-fraction-static" in res.stdout and "KV tokens" in res.stdout
+
+
+def test_after_a_failure_the_next_plans_learn_from_it_also_under_the_recommended_settings(tmp_path: Path) -> None:
+    from gpudeploy.plan.calibrate import CalibrationStore, parse_memory_log
+
+    settings = {"mem_fraction_static": 0.70, **MTP}
+    inv = make(tmp_path, settings, version="0.5.10")
+    first = load_plan(str(inv)).units[0].memory
+    assert first is not None and first["verdict"] == "fits"      # nothing measured foresees it
+    store = CalibrationStore(tmp_path / "calibration.json")
+    lines = (REPO / "tests/memory/logs/sglang-0.5.9-graph-oom.log").read_text().splitlines()
+    store.put("node171", "/models/m", settings, parse_memory_log(lines))   # what deploy keeps of the failure
+    again = load_plan(str(inv), store=store).units[0].memory
+    assert again is not None and again["verdict"] == "oom-in-graph-capture"
+    assert again["recommended_flags"]
+    fixed = make(tmp_path, {**settings, **again["recommended"]}, version="0.5.10")
+    after = load_plan(str(fixed), store=store).units[0].memory
+    assert after is not None and (after["verdict"], after["severity"]) == ("fits", "ok"), after["reason"]
+    assert after["measured"]["failure"] == "oom-in-graph-capture"  # still knows the failed run

@@ -238,11 +238,29 @@ class CalibrationStore:
             return None
         return Measured.from_json(entry["measured"])
 
+    def latest(self, host: str, model: str) -> tuple[dict[str, Any], Measured] | None:
+        """The newest run of ``model`` on ``host`` under any settings, with those settings.
+
+        After a failure the role's settings change (to the recommendation), and the next plan
+        must still know what the failed run measured: one failure is enough.
+        """
+        best: tuple[int, dict[str, Any], Measured] | None = None
+        for entry in self._load().values():
+            if (not isinstance(entry, dict) or entry.get("host") != host or entry.get("model") != model
+                    or not isinstance(entry.get("measured"), dict) or not isinstance(entry.get("settings"), dict)):
+                continue
+            seq = entry.get("seq", 0)
+            if best is None or (isinstance(seq, int) and seq > best[0]):
+                best = (seq if isinstance(seq, int) else 0, entry["settings"], Measured.from_json(entry["measured"]))
+        return None if best is None else (best[1], best[2])
+
     def put(self, host: str, model: str, settings: Mapping[str, Any], measured: Measured) -> None:
         data = self._load()
+        seq = max((e.get("seq", 0) for e in data.values() if isinstance(e, dict)
+                   and isinstance(e.get("seq", 0), int)), default=0) + 1
         data[calibration_key(host, model, settings)] = {
             "host": host, "model": model, "settings": {k: settings[k] for k in sorted(settings)},
-            "measured": measured.to_json(),
+            "measured": measured.to_json(), "seq": seq,
         }
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(self.path.suffix + ".tmp")

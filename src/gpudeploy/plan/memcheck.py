@@ -56,7 +56,17 @@ def unit_memory(host: Host, role: Role, gpus: tuple[int, ...], version: str, sto
     capacity = min(host.gpu_memory_gib.get(g, 0.0) for g in gpus) - CUDA_RESERVED_GIB
     model_id = str(role.model.get("path", role.name))
     measured = store.get(host.name, model_id, role.settings) if store else None
-    b = budget(capacity, facts, settings, measured, release=version)
+    measured_settings = None
+    if measured is None and store is not None:
+        # a run under other settings (the failed one, before its recommendation was applied)
+        found = store.latest(host.name, model_id)
+        if found is not None:
+            try:
+                measured_settings = EngineSettings.from_settings(found[0], role.tp_size)
+                measured = found[1]
+            except InputError:
+                measured_settings = None
+    b = budget(capacity, facts, settings, measured, measured_settings, release=version)
     doc = b.to_json()
 
     def flag(name: str) -> str:
@@ -65,7 +75,8 @@ def unit_memory(host: Host, role: Role, gpus: tuple[int, ...], version: str, sto
     doc["recommended_flags"] = recommendation_flags(b.recommended, flag)
     if want_suggestions:
         doc["suggestions"] = [dict(s.to_json(), flags=recommendation_flags(s.settings, flag))
-                              for s in suggest(capacity, facts, settings, measured, release=version)]
+                              for s in suggest(capacity, facts, settings, measured, measured_settings,
+                                               release=version)]
     return doc
 
 
