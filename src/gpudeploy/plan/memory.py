@@ -175,8 +175,11 @@ def _calibration(cap: float, model: ModelFacts, s: EngineSettings, measured: Mea
         return replace(cal, graph_scales=tuple(sorted(scales.items())), graph_measured=True)
     graphs = sum(br.get(f, 0.0) for f in GRAPH_FAMILIES)
     if measured is not None and graphs > 0 and measured.failure == "oom-in-graph-capture":
+        # whatever the figures, dying in capture proves the need exceeded that headroom
+        others = predicted.headroom_needed_gib - graphs
+        exceeded = (predicted.headroom_available_gib * 1.01 - others) / graphs
         if measured.graph_floor_gib is not None:
-            scale = max(1.0, measured.graph_floor_gib / graphs)
+            scale = max(1.0, measured.graph_floor_gib / graphs, exceeded)
         else:
             # no begin line: the headroom ran out, so the need was at least what it held (less
             # what was still free) plus what the failing allocation asked for
@@ -185,8 +188,7 @@ def _calibration(cap: float, model: ModelFacts, s: EngineSettings, measured: Mea
                 # "Memory pool end" is logged after the req-to-token table is allocated
                 available = measured.pool_end_avail_gib + br.get("req_to_token", 0.0)
             floor = available - (measured.oom_free_gib or 0.0) + (measured.oom_tried_gib or 0.0)
-            others = predicted.headroom_needed_gib - graphs
-            scale = max(1.0, (floor - others) / graphs)
+            scale = max(1.0, (floor - others) / graphs, exceeded)
         # a floor, not a measurement: the capture had more to go, so the band stays as it was;
         # it scales the families that run captured, not the ones it did not
         return replace(cal, graph_scales=tuple((f, scale) for f in GRAPH_FAMILIES if br.get(f, 0.0) > 0))
