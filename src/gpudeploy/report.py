@@ -157,9 +157,12 @@ def memory_figures(lines: list[str]) -> str:
     import re
 
     keep = []
+    # 0.5.9 and 0.5.23 spellings: "KV Cache is allocated. [dtype: D, ]#tokens: N",
+    # "Capture cuda graph end. ..." / "Capture target decode|verify CUDA graph end. ..."
     for pattern, label in ((r"Load weight end.*?mem usage=([\d.]+) GB", "weights"),
-                           (r"KV Cache is allocated\. #tokens: (\d+)", "KV tokens"),
-                           (r"Capture cuda graph end.*?mem usage=([\d.]+) GB", "cuda graphs"),
+                           (r"KV Cache is allocated\. (?:dtype: [\w.]+, )?#tokens: (\d+)", "KV tokens"),
+                           (r"Capture (?:cuda graph|target (?:decode|verify) CUDA graph) end.*?mem usage=([\d.]+) GB",
+                            "cuda graphs"),
                            (r"available_gpu_mem=([\d.]+) GB", "free after start")):
         for line in lines:
             m = re.search(pattern, line)

@@ -118,3 +118,13 @@ def test_after_a_failure_the_next_plans_learn_from_it_also_under_the_recommended
     after = load_plan(str(fixed), store=store).units[0].memory
     assert after is not None and (after["verdict"], after["severity"]) == ("fits", "ok"), after["reason"]
     assert after["measured"]["failure"] == "oom-in-graph-capture"  # still knows the failed run
+
+
+def test_deploy_summary_reads_both_releases_log_formats() -> None:
+    from gpudeploy.report import memory_figures
+
+    logs = REPO / "tests/memory/logs"
+    new = [line for line in (logs / "sglang-0.5.23-format.log").read_text().splitlines() if not line.startswith("#")]
+    assert memory_figures(new) == "memory: weights 14.62 GiB, KV tokens 1106304, cuda graphs 0.52 GiB"
+    old = [line for line in (logs / "sglang-0.5.9-eagle.log").read_text().splitlines() if not line.startswith("#")]
+    assert memory_figures(old) == "memory: weights 18.70 GiB, KV tokens 1512000, cuda graphs 0.54 GiB"
