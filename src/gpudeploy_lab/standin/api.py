@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from gpudeploy_lab.standin.common import emit
+
 # ------------------------------------------------------------------------------------ the server
 
 
@@ -155,6 +157,8 @@ class EngineState:
     phase: str = "warmup"  # warmup | ready | shutting_down
     created: int = field(default_factory=lambda: int(time.time()))
     requests: int = 0
+    fault: str = ""  # SGLANG_STANDIN_FAULT; the handlers act on "generate-500"
+    tp: int = 1
 
 
 SECRET_KEYS = ("model_path", "tokenizer_path")  # reported, the real router downloads a tokenizer
@@ -227,6 +231,9 @@ def make_engine_handler(state: EngineState) -> type[BaseHandler]:
                                                "code": 400}})
                 return
             state.requests += 1
+            if state.fault == "generate-500":
+                self.generation_500(path, req)
+                return
             if path == "/generate":
                 self.generate(req)
             elif path == "/v1/completions":
@@ -235,6 +242,43 @@ def make_engine_handler(state: EngineState) -> type[BaseHandler]:
                 self.chat(req)
 
         # ------------------------------------------------------------------------ generation
+
+        def generation_500(self, path: str, req: dict[str, Any]) -> None:
+            """The ``generate-500`` fault, as SGLang fails a request whose KV transfer failed.
+
+            SGLang (python/sglang/srt/disaggregation/decode.py, ``pop_transferred``) logs on every
+            rank ``Decode transfer failed for request rank=N decode_req.req.rid='...'
+            decode_req.req.bootstrap_room=N with exception KVTransferError(bootstrap_room=N): Failed
+            to get kvcache from prefill instance, it might be dead`` and aborts the request with
+            status 500; the tokenizer manager raises ``fastapi.HTTPException(500, message)``, which
+            http_server.py's handler answers with an ``ErrorResponse``: ``{"object": "error",
+            "message", "type": "500", "param": null, "code": 500}``. The OpenAI endpoints catch it in
+            serving_base.py's ``handle_request`` and answer ``{"object": "error", "message":
+            "Internal server error: 500: ...", "type": "InternalServerError", "param": null, "code":
+            500}``. Streamed requests get the same 500 (the real server would send an error chunk).
+            """
+            rid = str(req.get("rid") or uuid.uuid4().hex)
+            room = req.get("bootstrap_room")
+            if state.mode == "prefill":
+                message = (f"Prefill transfer failed for request rank={{rank}} req.rid='{rid}' with exception "
+                           f"KVTransferError(bootstrap_room={room}): Decode instance could be dead, remote "
+                           "mooncake session is not alive")
+            elif state.mode == "decode":
+                message = (f"Decode transfer failed for request rank={{rank}} decode_req.req.rid='{rid}' "
+                           f"decode_req.req.bootstrap_room={room} with exception "
+                           f"KVTransferError(bootstrap_room={room}): Failed to get kvcache from prefill "
+                           "instance, it might be dead")
+            else:
+                message = f"Scheduler aborted request rid='{rid}' (stand-in fault generate-500)"
+            for rank in range(max(1, state.tp)):
+                emit(message.format(rank=rank), f"TP{rank}")
+            detail = message.format(rank=0)
+            if path == "/generate":
+                body = {"object": "error", "message": detail, "type": "500", "param": None, "code": 500}
+            else:
+                body = {"object": "error", "message": f"Internal server error: 500: {detail}",
+                        "type": "InternalServerError", "param": None, "code": 500}
+            self.send_json(500, body)
 
         def limit(self, requested: Any, default: int) -> int:
             n = requested if isinstance(requested, int) and requested >= 0 else default

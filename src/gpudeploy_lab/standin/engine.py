@@ -395,7 +395,7 @@ class Engine:
             served_model_name=str(served), mode=self.mode, version=version,
             context_len=self.plan.context_len, max_total_num_tokens=self.plan.max_total_num_tokens,
             server_args=args, model_type=self.plan.model.model_type,
-            architectures=[self.plan.model.model_class])
+            architectures=[self.plan.model.model_class], fault=self.fault, tp=self.settings.tp)
 
     # ---------------------------------------------------------------------------- lifecycle
 
