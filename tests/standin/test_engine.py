@@ -7,6 +7,7 @@ import re
 import signal
 import socket
 import subprocess
+from pathlib import Path
 
 import pytest
 from standin_support import (
@@ -420,3 +421,80 @@ def test_generate_500_is_healthy_but_every_generation_fails_like_sglang(lab: Lab
     assert re.search(r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d TP1\] Decode transfer failed for request rank=1 ", p.text)
     assert http_get(port, "/health") == (200, b"")  # stays healthy
     assert p.popen.poll() is None
+
+
+SHARD = re.compile(r"\rLoading safetensors checkpoint shards: +(\d+)% Completed \| (\d+)/(\d+) "
+                   r"\[\d\d:\d\d<(?:\d\d:\d\d|\?), +(?:[\d.]+(?:it/s|s/it)|\?it/s)\]")
+CAPTURE = re.compile(r"Capturing batches \(bs=(\d+) avail_mem=(\d+\.\d\d) GB\): +(\d+)%\|(.{10})\| (\d+)/(\d+) "
+                     r"\[\d\d:\d\d<(?:\d\d:\d\d|\?), +(?:[\d.]+(?:it/s|s/it)|\?it/s)\]")
+
+
+def run_to_ready(lab: Lab, tmp: Path, *args: str, **env: str) -> tuple[str, str]:
+    """(stdout, stderr) of an engine that got ready and was then stopped, kept apart."""
+    out, err = tmp / "stdout", tmp / "stderr"
+    port = free_port()
+    with out.open("wb") as o, err.open("wb") as e:
+        proc = subprocess.Popen([PYTHON, "-m", "sglang.launch_server", "--model-path", "/models/m", "--host",
+                                 "127.0.0.1", "--port", str(port), *args], env=lab.env(**env), cwd=REPO,
+                                stdout=o, stderr=e, stdin=subprocess.DEVNULL)
+        try:
+            wait_for(lambda: b"ready to roll" in out.read_bytes(), timeout=15)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=5)
+    return out.read_bytes().decode(), err.read_bytes().decode()  # read_text() would turn \r into \n
+
+
+def test_progress_bars_are_tqdm_on_stderr_of_rank_0_only(lab: Lab, tmp_path: Path) -> None:
+    out, err = run_to_ready(lab, tmp_path, "--tp-size", "2", "--cuda-graph-max-bs-decode", "32",
+                            SGLANG_STANDIN_WEIGHTS_GIB="16")
+    assert "\r" not in out and "Loading safetensors" not in out and "Capturing batches" not in out
+    shards_part, capture_part = err.split("\n\n", 1)  # the shard bar's close() adds an empty line
+    shards = [m.groups() for m in SHARD.finditer(shards_part)]
+    # the last step prints only if 0.1 s passed since the one before; close() always prints 100%
+    assert shards[0] == ("0", "0", "4") and shards[-1] == ("100", "4", "4")
+    assert [int(n) for _, n, _ in shards] == sorted(int(n) for _, n, _ in shards)
+    assert len(shards_part.split("\n")) == len(shards)  # every shard update is its own line
+    # the capture: one line, updates separated by \r, closed by one newline
+    capture_line, rest = capture_part.split("\n", 1)
+    assert rest == ""
+    parts = capture_line.split("\r")
+    assert parts[0] == "" and re.fullmatch(r" {2}0%\| {10}\| 0/(\d+) \[00:00<\?, \?it/s\]", parts[1])
+    total = int(parts[1].split("/")[1].split()[0])
+    updates = [CAPTURE.fullmatch(p.rstrip(" ")) for p in parts[2:]]
+    assert all(updates), parts
+    sizes = [int(m[1]) for m in updates if m]
+    assert sizes == sorted(sizes, reverse=True) and sizes[0] == 32 and sizes[-1] == 1
+    assert len(set(sizes)) == total  # each batch size was described once at least
+    last = updates[-1]
+    assert last and (last[3], last[4], last[5], last[6]) == ("100", "█" * 10, str(total), str(total))
+    avail = [float(m[2]) for m in updates if m]
+    assert avail == sorted(avail, reverse=True)  # free memory shrinks as graphs are captured
+
+
+def test_progress_sits_between_its_phase_lines(lab: Lab) -> None:
+    p, _ = lab.engine("--cuda-graph-max-bs-decode", "8")
+    p.wait_line("ready to roll")
+    text = p.text
+    order = [text.index("TP0] Load weight begin"), text.index("\rLoading safetensors checkpoint shards:   0%"),
+             text.rindex("Loading safetensors checkpoint shards: 100%"), text.index("TP0] Load weight end"),
+             text.index("TP0] Capture cuda graph begin"), text.index("\r  0%|          | 0/"),
+             text.rindex("Capturing batches (bs=1 "), text.index("TP0] Capture cuda graph end")]
+    assert order == sorted(order), order
+
+
+def test_tqdm_bar_format_from_the_environment_gives_a_line_per_capture_update(lab: Lab, tmp_path: Path) -> None:
+    _, err = run_to_ready(lab, tmp_path, "--cuda-graph-max-bs-decode", "4",
+                          TQDM_BAR_FORMAT="{l_bar}{bar}{r_bar}\n")
+    lines = [ln for ln in err.split("\n") if "Capturing batches" in ln or "0%|" in ln]
+    assert len(lines) > 3 and all(ln.count("\r") == 1 for ln in lines), lines
+    # SGLang passes its own bar_format to the shard bar: TQDM_BAR_FORMAT does not change it
+    assert "\rLoading safetensors checkpoint shards: 100% Completed | 4/4 " in err
+
+
+def test_oom_in_capture_leaves_the_bar_open_before_the_error(lab: Lab) -> None:
+    p, _ = lab.engine(SGLANG_STANDIN_FAULT="oom-graph")
+    assert p.wait_exit(10) == 1
+    glued = next(ln for ln in p.lines if "Scheduler hit an exception" in ln)
+    assert glued.startswith("\r  0%|") and "Capturing batches (bs=" in glued  # no newline before the error
+    assert re.search(r"\]\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d TP0\] Scheduler hit an exception: Traceback", glued)

@@ -25,7 +25,17 @@ Environment contract (all optional):
 Log lines (stdout, one write per record): ``[YYYY-MM-DD HH:MM:SS TPn] message`` from rank n's worker
 in sglang.md's order and formats; ``The server is fired up and ready to roll!`` carries ``TP0`` too;
 the launcher's own lines (``Rank N scheduler is dead...``, ``Received sigquit...``) carry no tag;
-uvicorn lines (``INFO:     Uvicorn running on ...``) and tqdm's ``Capturing batches (...)`` none.
+uvicorn lines (``INFO:     Uvicorn running on ...``) none.
+
+Progress (rank 0, stderr, byte for byte what tqdm 4.70 writes; see progress.py): between ``Load weight
+begin`` and ``Load weight end``, ``\rLoading safetensors checkpoint shards:  50% Completed | 2/4
+[00:00<00:00,  3.98it/s]\n`` per shard (a newline after each: SGLang's own bar format); between
+``Capture cuda graph begin`` and ``Capture cuda graph end``, ``\rCapturing batches (bs=256
+avail_mem=12.60 GB):  11%|█         | 4/36 [00:00<00:00, 35.32it/s]`` per update, "\r" only, one
+"\n" when the bar closes (so under systemd one journal record for the whole capture, unless the unit
+sets ``TQDM_BAR_FORMAT`` ending in a newline). Shards: the index's files, else ``*.safetensors``, else
+one per 5 GB. Paced over the phases' durations (SGLANG_STANDIN_SPEED); tqdm prints at most every 0.1 s
+(``TQDM_MININTERVAL``) except when the description changes (every batch size).
 
 Processes: the launcher (MainPID) + one ``python3 -m gpudeploy_lab.standin.worker`` per TP rank, each
 writing ``$SGLANG_STANDIN_GPU_PROCS_DIR/<pid>.json`` = {"pid", "gpu", "used_bytes"} while it lives.

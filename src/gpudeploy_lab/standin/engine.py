@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpudeploy_lab.standin import FAULTS, api
+from gpudeploy_lab.standin import FAULTS, api, progress
 from gpudeploy_lab.standin.common import (
     CUDA_CONTEXT_BYTES,
     GIB,
@@ -211,8 +211,31 @@ def make_plan(ns: argparse.Namespace, s: EngineSettings) -> EnginePlan:
 # ------------------------------------------------------------------------------------ scripts
 
 
-def rank_script(plan: EnginePlan, rank: int, flt: str, k: float) -> dict[str, Any]:
-    """What rank ``rank`` prints, holds and signals, in order (see worker.py for the ops)."""
+def checkpoint_shards(model_path: str, weights_bytes: int) -> int:
+    """How many files SGLang's loader walks (each rank walks them all): the files the
+    ``model.safetensors.index.json`` weight map names, else the ``*.safetensors`` in the folder, else
+    one per 5 GB (Hugging Face's default ``max_shard_size``: Llama-3.1-8B has 4, 70B has 30)."""
+    root = Path(model_path)
+    try:
+        index = json.loads((root / "model.safetensors.index.json").read_text())
+        files = set(index["weight_map"].values())
+        if files:
+            return len(files)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        pass
+    try:
+        found = len(list(root.glob("*.safetensors")))
+    except OSError:
+        found = 0
+    return found or max(1, -(-weights_bytes // 5_000_000_000))
+
+
+def rank_script(plan: EnginePlan, rank: int, flt: str, k: float, shards: int = 1) -> dict[str, Any]:
+    """What rank ``rank`` prints, holds and signals, in order (see worker.py for the ops).
+
+    Rank 0 also writes SGLang's two tqdm bars to stderr (see progress.py): checkpoint shards while
+    loading weights, batch sizes while capturing CUDA graphs, each step at the phase's pace.
+    """
     rp = plan.ranks[rank]
     tp = plan.settings.tp
     acts: list[dict[str, Any]] = []
@@ -225,6 +248,19 @@ def rank_script(plan: EnginePlan, rank: int, flt: str, k: float) -> dict[str, An
     def sleep(s: float) -> None:
         if s > 0:
             acts.append({"op": "sleep", "s": s})
+
+    def bar(do: str, **kw: Any) -> None:
+        if rank == 0:
+            acts.append({"op": "bar", "do": do, **kw})
+
+    def load_shards(fraction: float) -> None:
+        """Load ``fraction`` of the checkpoint: one bar step per shard on rank 0."""
+        per = T_WEIGHTS * k / shards
+        done = int(shards * fraction) if rank == 0 else 0
+        for _ in range(done):
+            sleep(per)
+            bar("step")
+        sleep(T_WEIGHTS * k * fraction - per * done)
 
     def die(phase: str, message: str) -> dict[str, Any]:
         acts.append({"op": "fail", "text": scheduler_exception(phase, message), "code": 1})
@@ -249,19 +285,21 @@ def rank_script(plan: EnginePlan, rank: int, flt: str, k: float) -> dict[str, An
 
     log(f"Load weight begin. avail mem={gb(plan.avail_before)} GB")
     acts.append({"op": "mark"})
+    bar("open", total=shards, desc=progress.SHARDS_DESC, format=progress.SHARDS_BAR_FORMAT)
     if flt == "silent-exit" and rank == 0:
-        sleep(T_WEIGHTS * k / 2)
+        load_shards(0.5)
         acts.append({"op": "send", "msg": "silent"})
         acts.append({"op": "hang"})
         return done()
     if (fail and fail.phase == "weights") or (flt == "weights-oom" and rank == 0):
-        sleep(T_WEIGHTS * k / 2)
+        load_shards(0.5)
         part = plan.weights_per_rank // 2
         acts.append({"op": "mem", "bytes": used + part})
         message = fail.message if fail else torch_oom(
             min(plan.weights_per_rank, 2 * GIB), rp, plan.avail_before - part - GIB)
         return die("weights", message)
-    sleep(T_WEIGHTS * k)
+    load_shards(1.0)
+    bar("close")
     used += plan.weights_per_rank
     acts.append({"op": "mem", "bytes": used})
     log(f"Load weight end. elapsed={{elapsed}} s, type={plan.model.model_class}, "
@@ -295,29 +333,28 @@ def rank_script(plan: EnginePlan, rank: int, flt: str, k: float) -> dict[str, An
         log("Capture cuda graph begin. This can take up to several minutes. "
             f"avail mem={gb(plan.avail_after_pool)} GB")
         acts.append({"op": "mark"})
-        if flt == "hang":
+        n = len(sizes)
+        bar("open", total=n)
+        if flt == "hang":  # stuck capturing the first (largest) batch size
+            bar("desc", text=progress.capture_desc(sizes[-1], plan.avail_after_pool / GIB))
             acts.append({"op": "hang"})
             return done()
-        n = len(sizes)
         fail_at = n // 2 if ((fail and fail.phase == "graph") or (flt == "oom-graph" and rank == 0)) else -1
         die_at = n // 2 if (flt == "worker-dies" and rank == victim) else -1
-        shown = {max(1, round(n * j / 8)) for j in range(1, 9)}
         for i, bs in enumerate(reversed(sizes), start=1):
+            # cuda_graph_runner.py reads the free memory, then captures this batch size
+            bar("desc", text=progress.capture_desc(bs, (plan.avail_after_pool - plan.graph_bytes * (i - 1) // n)
+                                                    / GIB))
             sleep(T_GRAPH * k / n)
-            if i == fail_at:
+            if i == fail_at:  # the bar stays open: no newline before the scheduler's error
                 if fail:
                     return die("graph", fail.message)
                 free = plan.avail_after_pool - plan.graph_bytes * i // n
                 return die("graph", "Exception: " + graph_oom_text(int(7.5 * GIB), rp, free))
             if i == die_at:
                 acts.append({"op": "die", "signal": int(signal.SIGKILL)})
-            if rank == 0 and i in shown:
-                avail = plan.avail_after_pool - plan.graph_bytes * (i - 1) // n
-                pct = 100 * i // n
-                bar = ("█" * (pct // 10)).ljust(10)
-                acts.append({"op": "log", "raw": True, "text": (
-                    f"Capturing batches (bs={bs} avail_mem={gb(avail)} GB): {pct:3d}%|{bar}| {i}/{n} "
-                    f"[00:00<00:00, {n / max(T_GRAPH * k, 0.01):.2f}it/s]")})
+            bar("step")
+        bar("close")
         used += plan.graph_bytes
         acts.append({"op": "mem", "bytes": used})
         log(f"Capture cuda graph end. Time elapsed: {{elapsed}} s. mem usage={gb(plan.graph_bytes)} GB. "
@@ -383,6 +420,7 @@ class Engine:
         self.httpd: api.QuietServer | None = None
         self.bootstrap: api.QuietServer | None = None
         self.plan = make_plan(ns, self.settings)
+        self.shards = checkpoint_shards(str(opt(ns, "model_path", "model")), self.plan.model.weights_bytes)
         served = ns.__dict__.get("served_model_name") or opt(ns, "model_path", "model")
         args = {k: _jsonable(v) for k, v in vars(ns).items()}
         args.update({"tp_size": self.settings.tp, "port": self.port, "host": self.host,
@@ -403,7 +441,7 @@ class Engine:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_src_root(), env.get("PYTHONPATH")) if p)
         for rank in range(self.settings.tp):
-            script = rank_script(self.plan, rank, self.fault, self.k)
+            script = rank_script(self.plan, rank, self.fault, self.k, self.shards)
             r_fd, w_fd = os.pipe()
             proc = subprocess.Popen(
                 [sys.executable, "-m", "gpudeploy_lab.standin.worker", "--rank", str(rank),

@@ -22,6 +22,7 @@ import time
 from typing import Any
 
 from gpudeploy_lab.standin.common import emit, remove_record, write_record
+from gpudeploy_lab.standin.progress import Tqdm
 
 
 class Worker:
@@ -34,6 +35,7 @@ class Worker:
         self.used = 0
         self.detached = False
         self.lock = threading.Lock()
+        self.bar: Tqdm | None = None  # rank 0's tqdm bar on stderr, one at a time
 
     # -------------------------------------------------------------------------------- helpers
 
@@ -87,9 +89,25 @@ class Worker:
                 time.sleep(5)
             elif op == "leak":
                 self.detach()
+            elif op == "bar":
+                self.bar_op(act)
             elif op == "hang":
                 threading.Event().wait()
         threading.Event().wait()  # ready: serve until told otherwise
+
+    def bar_op(self, act: dict[str, Any]) -> None:
+        do = act["do"]
+        if do == "open":
+            self.bar = Tqdm(int(act["total"]), desc=act.get("desc"), bar_format=act.get("format"))
+        elif self.bar is None:
+            return
+        elif do == "desc":
+            self.bar.set_description(str(act["text"]))
+        elif do == "step":
+            self.bar.iterated()
+        elif do == "close":
+            self.bar.close()
+            self.bar = None
 
     def detach(self) -> None:
         """Double-fork into a new session. The original process stays as the engine's child (a
