@@ -35,10 +35,14 @@ SELECT = {"inventory": "inventory file (default inventory/hosts.yml)", "host": "
           "role": "only this role"}
 
 
-def plan_and_hosts(inventory: str, host: str | None, role: str | None) -> tuple[Any, list[Any]]:
-    """The plan for a read-or-stop command (no memory check) and the hosts it looks at."""
-    p = load_plan(inventory, host=host, role=role, memory=False)
-    return p, [h for h in p.inventory.hosts.values() if host is None or h.name == host]
+def plan_and_hosts(inventory: str, host: str | None, role: str | None,
+                   deployment: str | None = None) -> tuple[Any, list[Any]]:
+    """The plan for a read-or-stop command (no memory check) and the hosts it looks at: the one
+    asked for, the hosts of the deployment asked for, or all of them."""
+    p = load_plan(inventory, host=host, role=role, deployment=deployment, memory=False)
+    on = {u.host.name for u in p.units}
+    return p, [h for h in p.inventory.hosts.values()
+               if (host is None or h.name == host) and (deployment is None or h.name in on)]
 
 
 def seconds(value: str | None, flag: str) -> float | None:
@@ -82,51 +86,63 @@ def plan(c, inventory=DEFAULT_INVENTORY, host=None, role=None, json_=False, sugg
         sys.stdout.write(plan_text(p))
 
 
-@task(help={**SELECT, "force": "deploy even when the memory check predicts OOM or GPUs are busy",
+@task(help={**SELECT, "deployment": "only this deployment (all its hosts)",
+            "force": "deploy even when the memory check predicts OOM or GPUs are busy",
             "timeout": "seconds to wait for /health (default: the role's health.timeout_s)",
-            "keep_failed": "leave a unit that failed its gate (hang, fatal line) running, for debugging",
+            "keep_on_failure": "when a deployment fails, leave what this run started running, for debugging",
             "check": "show what would change on the hosts, with diffs, and change nothing"})
 @user_errors
-def deploy(c, host=None, inventory=DEFAULT_INVENTORY, role=None, force=False, timeout=None,  # type: ignore[no-untyped-def]
-           keep_failed=False, check=False):
-    """Deploy the roles of a host (all hosts if none given): upload, start what changed, gate on /health."""
+def deploy(c, host=None, inventory=DEFAULT_INVENTORY, role=None, deployment=None, force=False,  # type: ignore[no-untyped-def]
+           timeout=None, keep_on_failure=False, check=False):
+    """Deploy whole deployments: every engine on every host, then the routers, then a real generation.
+
+    --host H without --role deploys the deployments that have units on H, on all their hosts.
+    """
     from gpudeploy.apply.deploy import Options
-    from gpudeploy.apply.deploy import deploy as run_deploy
+    from gpudeploy.apply.deployment import deploy as run_deploy
 
     timeout_s = seconds(timeout, "--timeout")
-    p = load_plan(inventory, host=host, role=role, store=calibration())
+    p = load_plan(inventory, host=host, role=role, deployment=deployment, whole=True, store=calibration())
     if not p.units:
         print(f"nothing is placed on {host or 'any host'}")
         return
     try:
-        results = run_deploy(p, Options(force=force, timeout_s=timeout_s, keep_failed=keep_failed, check=check),
-                             None if check else calibration())
+        result = run_deploy(p, Options(force=force, timeout_s=timeout_s, keep_on_failure=keep_on_failure,
+                                       check=check), None if check else calibration())
     except Interrupted as exc:
         print(deploy_summary(exc.results)[0])
         print(interrupted_text(exc.results))
         raise Exit(code=130) from None
-    text, ok = deploy_summary(results)
+    text, ok = deploy_summary(result)
     print(text)
     if not ok:
         raise Exit(code=1)
 
 
-@task(help={**SELECT, "json": "one JSON document on stdout"})
+@task(help={**SELECT, "json": "one JSON document on stdout", "deployment": "only this deployment"})
 @user_errors
-def status(c, inventory=DEFAULT_INVENTORY, host=None, role=None, json_=False):  # type: ignore[no-untyped-def]
-    """State, MainPID, uptime, ports and /health of every gpudeploy unit; exit 1 if one is unhealthy."""
+def status(c, inventory=DEFAULT_INVENTORY, host=None, role=None, deployment=None, json_=False):  # type: ignore[no-untyped-def]
+    """Every gpudeploy unit by deployment: state, PID, uptime, ports, /health, the router's view of it."""
     from gpudeploy.errors import GpudeployError as Err
     from gpudeploy.verify.status import status as run_status
 
-    p, hosts = plan_and_hosts(inventory, host, role)
+    p, hosts = plan_and_hosts(inventory, host, role, deployment)
     results = run_status(p, hosts)
-    if role is not None:
-        results = {h: (r if isinstance(r, Err) else [s for s in r if s.role == role]) for h, r in results.items()}
+    if role is not None or deployment is not None:
+        results = {h: (r if isinstance(r, Err) else [s for s in r if (role is None or s.role == role)
+                                                     and (deployment is None or s.deployment == deployment)])
+                   for h, r in results.items()}
     text, ok = status_text(results)
     if json_:
         doc = {h: ({"error": str(r)} if isinstance(r, Err) else {"units": [s.to_json() for s in r]})
                for h, r in results.items()}
-        json.dump({"hosts": doc, "healthy": ok}, sys.stdout, indent=2)
+        deps: dict[str, Any] = {}
+        for r in results.values():
+            for s in [] if isinstance(r, Err) else r:
+                d = deps.setdefault(s.deployment, {"units": [], "healthy": True})
+                d["units"].append(f"{s.host}/{s.role}")
+                d["healthy"] = d["healthy"] and (s.healthy or not s.deployed)
+        json.dump({"hosts": doc, "deployments": deps, "healthy": ok}, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         print(text)
@@ -134,15 +150,20 @@ def status(c, inventory=DEFAULT_INVENTORY, host=None, role=None, json_=False):  
         raise Exit(code=1)
 
 
-@task(help={**SELECT, "purge": "also remove unit, env and run-record files"})
+@task(help={**SELECT, "deployment": "only this deployment (all its hosts)",
+            "purge": "also remove unit files, env files, run records and state directories"})
 @user_errors
-def teardown(c, inventory=DEFAULT_INVENTORY, host=None, role=None, purge=False):  # type: ignore[no-untyped-def]
-    """Stop units and prove no process of them is left and their GPUs are free (kills by exact PID)."""
+def teardown(c, inventory=DEFAULT_INVENTORY, host=None, role=None, deployment=None, purge=False):  # type: ignore[no-untyped-def]
+    """Stop units (routers, then decode, then prefill) and prove nothing of them is left, GPUs free."""
     from gpudeploy.apply.teardown import teardown as run_teardown
     from gpudeploy.errors import GpudeployError as Err
 
-    p, hosts = plan_and_hosts(inventory, host, role)
-    results = run_teardown(p, hosts, purge=purge, whole_deployment=role is None)
+    p, hosts = plan_and_hosts(inventory, host, role, deployment)
+    from gpudeploy.plan.build import deployments
+
+    # Without --role, also the units of these deployments the inventory no longer places.
+    whole = [] if role is not None else [deployment] if deployment else sorted(deployments(p.inventory))
+    results = run_teardown(p, hosts, purge=purge, deployments=whole)
     ok = True
     for h, res in results.items():
         if isinstance(res, Err):

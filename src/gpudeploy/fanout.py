@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 from .errors import GpudeployError, RemoteError
 from .model import Host
+from .progress import Board
 
 T = TypeVar("T")
 
@@ -27,8 +28,32 @@ _print_lock = threading.Lock()
 WIND_DOWN_S = 10.0  # after Ctrl-C, how long the hosts may take to report where they stand
 
 
+_board: Board | None = None
+
+
+def show_progress(board: Board | None) -> None:
+    """While a board is shown, lines said go above it (deploy's per-unit progress lines)."""
+    global _board
+    _board = board
+
+
+def progress(key: str, text: str, *, phase: str, fraction: float | None = None) -> None:
+    if _board is not None:
+        _board.update(key, text, phase=phase, fraction=fraction)
+    else:
+        say(f"[{key}] {text}")
+
+
+def progress_done(key: str) -> None:
+    if _board is not None:
+        _board.done(key)
+
+
 def say(line: str, *, err: bool = False) -> None:
     """Print one whole line; threads never interleave within a line."""
+    if _board is not None and not err:
+        _board.message(line)
+        return
     stream = sys.stderr if err else sys.stdout
     with _print_lock:
         stream.write(line + "\n")
@@ -65,7 +90,7 @@ class Interrupted(GpudeployError):
     """Ctrl-C. ``results`` holds each host's outcome as far as it got (an error for hosts that
     did not answer in time)."""
 
-    def __init__(self, results: dict[str, Any]) -> None:
+    def __init__(self, results: Any) -> None:
         self.results = results
         super().__init__("interrupted")
 

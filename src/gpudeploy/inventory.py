@@ -18,21 +18,35 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from .controlchars import control_problem
 from .errors import InputError, Problem
-from .model import ENGINES, LOG_FORMATS, Health, Host, Inventory, NumaNode, PlacementRequest, Role, SshConfig, Where
+from .model import (
+    ENGINES,
+    LOG_FORMATS,
+    Health,
+    Host,
+    Inventory,
+    NumaNode,
+    PlacementRequest,
+    Role,
+    Smoke,
+    SshConfig,
+    SshHop,
+    Where,
+)
 from .yamlsrc import Checker, LineMap, load_yaml
 
-HOST_KEYS = {"address", "ssh", "numa_nodes", "gpu_memory_gib", "engine_versions", "python",
+HOST_KEYS = {"address", "ssh", "numa_nodes", "gpu_memory_gib", "engine_versions", "python", "deployment",
              "bind_address", "numa_policy", "env", "roles"}
 NUMA_POLICIES = ("bind", "preferred", "interleave", "none")
-DEFAULT_KEYS = HOST_KEYS - {"address", "numa_nodes", "roles"}
+DEFAULT_KEYS = HOST_KEYS - {"address", "numa_nodes", "roles", "deployment"}
 ROLE_KEYS = {"engine", "description", "tp_size", "gpus", "allow_span_numa", "version", "model",
              "settings", "extra_args", "argv", "ports", "upstreams", "env", "secret_env", "health",
-             "stop_timeout_s", "log_format"}
+             "stop_timeout_s", "log_format", "python", "smoke"}
 # Matched with fullmatch: ``$`` would also accept a name that ends in a newline.
 NAME_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,40}")
 NAME_RULE = "use lowercase letters, digits, - or _ (at most 41, starting with a letter or digit)"
@@ -67,10 +81,11 @@ def load_inventory(path: str | Path, problems: list[Problem] | None = None) -> I
     hosts_raw = top.get("hosts", dict, required=True, default={})
     hosts: dict[str, Host] = {}
     for name, raw in hosts_raw.items():
-        host = _host(str(name), raw, defaults, problems, str(path), hosts_raw)
+        host = _host(str(name), raw, defaults, problems, str(path), hosts_raw, deployment)
         if host is not None:
             hosts[host.name] = host
 
+    hosts = _resolve_jumps(hosts)
     roles: dict[str, Role] = {}
     wanted = {p.role: p for h in hosts.values() for p in h.placements}
     for role_name, request in wanted.items():
@@ -94,7 +109,7 @@ def load_inventory(path: str | Path, problems: list[Problem] | None = None) -> I
 
 
 def _host(name: str, raw: Any, defaults: Checker, problems: list[Problem], file: str,
-          parent: Any) -> Host | None:
+          parent: Any, default_deployment: str) -> Host | None:
     line = parent.line_of(name) if isinstance(parent, LineMap) else None
     if not NAME_RE.fullmatch(name):
         problems.append(Problem(f"host name {name!r}: {NAME_RULE}", file=file, line=line, host=name))
@@ -107,8 +122,10 @@ def _host(name: str, raw: Any, defaults: Checker, problems: list[Problem], file:
         return defaults.get(key, kind, default=default)
 
     address = c.get("address", str, required=True, default=name)
+    host_deployment = c.get("deployment", str, default=default_deployment,
+                            check=lambda v: None if NAME_RE.fullmatch(v) else NAME_RULE)
     ssh_c = c.child("ssh") if "ssh" in c.data else defaults.child("ssh")
-    ssh_c.unknown_keys({"user", "port", "key", "known_hosts", "connect_timeout_s"})
+    ssh_c.unknown_keys({"user", "port", "key", "known_hosts", "connect_timeout_s", "proxy_jump"})
     if "ssh" in c.data and "ssh" in defaults.data:
         # Host ssh settings override the defaults key by key.
         merged = {**defaults.data["ssh"], **c.data["ssh"]}
@@ -121,6 +138,9 @@ def _host(name: str, raw: Any, defaults: Checker, problems: list[Problem], file:
         known_hosts=_expand(ssh_c.get("known_hosts", str), Path(file).parent),
         connect_timeout_s=ssh_c.get("connect_timeout_s", float, default=5.0, check=_positive),
     )
+    jump = ssh_c.get("proxy_jump", str, check=_jump_check)
+    if jump is not None:
+        ssh = replace(ssh, proxy_jump=_hop(jump, ssh))
 
     numa_raw = c.get("numa_nodes", list, required=True, default=[])
     nodes: list[NumaNode] = []
@@ -182,27 +202,30 @@ def _host(name: str, raw: Any, defaults: Checker, problems: list[Problem], file:
                 placements.append(PlacementRequest(role=item, where=Where(file, item_line)))
         elif isinstance(item, dict):
             pc = Checker(item, problems, file, host=name, prefix="roles.")
-            pc.unknown_keys({"role", "numa_node", "gpus"})
+            pc.unknown_keys({"role", "numa_node", "gpus", "deployment"})
             role = pc.get("role", str, required=True, default="?")
             if not _role_name_ok(role, c, item_line):
                 continue
             gpus = pc.get("gpus", list)
             placements.append(PlacementRequest(
                 role=role, numa_node=pc.get("numa_node", int),
-                gpus=tuple(gpus) if gpus is not None else None, where=Where(file, item_line)))
+                gpus=tuple(gpus) if gpus is not None else None,
+                deployment=pc.get("deployment", str, check=lambda v: None if NAME_RE.fullmatch(v) else NAME_RULE),
+                where=Where(file, item_line)))
         else:
             c.fail(f"each entry is a role name or {{role: NAME, numa_node: N}}, got {item!r}", "roles")
     seen_roles = [p.role for p in placements]
     for r in set(seen_roles):
         if seen_roles.count(r) > 1:
-            c.fail(f"role {r!r} is placed twice on this host (unit names would collide)", "roles")
+            c.fail(f"role {r!r} is placed twice on this host (its GPUs and ports would collide); "
+                   "make a second role file for the second one", "roles")
 
     return Host(
         name=name, address=address, ssh=ssh, numa_nodes=tuple(nodes), gpu_memory_gib=gpu_mem,
         engine_versions=versions, python=pick("python", str, "/usr/bin/python3"),
         bind_address=pick("bind_address", str, "0.0.0.0"),  # noqa: S104 - servers must be reachable
         numa_policy=_numa_policy(pick("numa_policy", str, "bind"), c),
-        env=env, placements=tuple(placements), where=Where(file, line),
+        env=env, placements=tuple(placements), where=Where(file, line), deployment=host_deployment,
     )
 
 
@@ -263,6 +286,8 @@ def load_role(path: Path, problems: list[Problem]) -> Role | None:
     gpus = c.get("gpus", int, check=lambda v: None if v >= 0 else "must be >= 0")
     log_format = c.get("log_format", str, default="sglang",
                        check=lambda v: None if v in LOG_FORMATS else f"one of {', '.join(LOG_FORMATS)}")
+    python = c.get("python", str, check=lambda v: None if v.startswith("/") else "must be an absolute path")
+    smoke = _smoke(c, engine)
     if len(problems) > before:
         return None
     lines = dict(data.key_lines) if isinstance(data, LineMap) else {}
@@ -280,8 +305,27 @@ def load_role(path: Path, problems: list[Problem]) -> Role | None:
         env=_env(c.get("env", dict, default={}) or {}, c, "env"),
         secret_env=tuple(str(s) for s in secret_env), health=health,
         stop_timeout_s=c.get("stop_timeout_s", float, default=30.0, check=_positive), log_format=log_format,
-        lines=lines,
+        python=python, smoke=smoke, lines=lines,
     )
+
+
+SMOKE_ENDPOINTS = ("/generate", "/v1/completions", "/v1/chat/completions")
+
+
+def _smoke(c: Checker, engine: str) -> Smoke | None:
+    """A router's smoke generation (on by default for routers; ``smoke: false`` turns it off)."""
+    raw = c.data.get("smoke")
+    if raw is False or (raw is None and engine != "sglang_router"):
+        return None
+    sc = c.child("smoke") if isinstance(raw, dict) else Checker({}, c.problems, c.file, role=c.role, prefix="smoke.")
+    sc.unknown_keys({"endpoint", "prompt", "max_tokens", "timeout_s", "model"})
+    return Smoke(
+        endpoint=sc.get("endpoint", str, default="/generate",
+                        check=lambda v: None if v in SMOKE_ENDPOINTS else f"one of {', '.join(SMOKE_ENDPOINTS)}"),
+        prompt=sc.get("prompt", str, default="Say hello.", check=control_problem),
+        max_tokens=sc.get("max_tokens", int, default=8, check=lambda v: None if 1 <= v <= 4096 else "1-4096"),
+        timeout_s=sc.get("timeout_s", float, default=60.0, check=_positive),
+        model=sc.get("model", str))
 
 
 def _role_name_ok(name: str, c: Checker, line: int | None) -> bool:
@@ -321,6 +365,38 @@ def _expand(value: str | None, base: Path) -> str | None:
         return None
     p = Path(value).expanduser()
     return str(p if p.is_absolute() else (base / p).resolve())
+
+
+def _hop(spec: str, ssh: SshConfig) -> SshHop:
+    """``[user@]host[:port]`` with the target's key, known_hosts and timeout. An inventory host name
+    is resolved to that host's address and ssh settings after every host is read."""
+    user, _, rest = spec.rpartition("@")
+    address, port = rest, None
+    m = re.fullmatch(r"(\[[^\]]+\]|[^:]+):(\d+)", rest)
+    if m:
+        address, port = m.group(1).strip("[]"), int(m.group(2))
+    return SshHop(address=address, user=user or None, port=port, key=ssh.key, known_hosts=ssh.known_hosts,
+                  connect_timeout_s=ssh.connect_timeout_s)
+
+
+def _resolve_jumps(hosts: dict[str, Host]) -> dict[str, Host]:
+    """A proxy_jump that names an inventory host means that host, as gpudeploy reaches it."""
+    out = {}
+    for name, h in hosts.items():
+        hop = h.ssh.proxy_jump
+        via = hosts.get(hop.address) if hop is not None and hop.user is None and hop.port is None else None
+        if hop is not None and via is not None:
+            hop = SshHop(address=via.address, user=via.ssh.user, port=via.ssh.port, key=via.ssh.key,
+                         known_hosts=via.ssh.known_hosts, connect_timeout_s=via.ssh.connect_timeout_s)
+            h = replace(h, ssh=replace(h.ssh, proxy_jump=hop))
+        out[name] = h
+    return out
+
+
+def _jump_check(v: str) -> str | None:
+    # An inventory host name, or [user@]host[:port]; no spaces or options (it reaches ssh's argv).
+    return None if re.fullmatch(r"([A-Za-z0-9._-]+@)?[A-Za-z0-9._:\[\]-]+", v) else \
+        "expected a host name from the inventory or [user@]host[:port]"
 
 
 def _port_check(v: int) -> str | None:

@@ -29,12 +29,25 @@ class NumaNode:
 
 
 @dataclass(frozen=True)
+class SshHop:
+    """A jump host (bastion) on the way to a host: ssh -J, with host keys checked on this hop too."""
+
+    address: str
+    user: str | None = None
+    port: int | None = None
+    key: str | None = None
+    known_hosts: str | None = None
+    connect_timeout_s: float = 5.0
+
+
+@dataclass(frozen=True)
 class SshConfig:
     user: str | None = None  # None: ~/.ssh/config's User, else your login name (as ssh does)
     port: int | None = None  # None: ~/.ssh/config's Port, else 22
     key: str | None = None
     known_hosts: str | None = None
     connect_timeout_s: float = 5.0
+    proxy_jump: SshHop | None = None  # the bastion in between; None: ~/.ssh/config's ProxyJump, if any
 
 
 @dataclass(frozen=True)
@@ -44,6 +57,7 @@ class PlacementRequest:
     role: str
     numa_node: int | None = None
     gpus: tuple[int, ...] | None = None
+    deployment: str | None = None  # None: the host's
     where: Where | None = None
 
 
@@ -61,6 +75,7 @@ class Host:
     env: dict[str, str]
     placements: tuple[PlacementRequest, ...]
     where: Where | None = None
+    deployment: str = "default"  # the deployment its placements belong to unless they say otherwise
 
     @property
     def gpus(self) -> tuple[int, ...]:
@@ -78,6 +93,17 @@ class Health:
     path: str = "/health"
     timeout_s: float = 1200.0
     interval_s: float = 0.25
+
+
+@dataclass(frozen=True)
+class Smoke:
+    """A router's final gate: one real generation through it, which must return text."""
+
+    endpoint: str = "/generate"  # or /v1/completions, /v1/chat/completions
+    prompt: str = "Say hello."
+    max_tokens: int = 8
+    timeout_s: float = 60.0
+    model: str | None = None  # OpenAI endpoints: default the upstreams' served_model_name
 
 
 @dataclass(frozen=True)
@@ -101,6 +127,8 @@ class Role:
     health: Health = field(default_factory=Health)
     stop_timeout_s: float = 30.0
     log_format: str = "sglang"  # verify.causes table: sglang or vllm
+    python: str | None = None  # this role's interpreter (e.g. a router venv); else the host's
+    smoke: Smoke | None = None  # routers: the generation that gates the deployment
     lines: dict[str, int] = field(default_factory=dict)  # key -> line in the role file
 
     @property
@@ -113,7 +141,7 @@ class Role:
 @dataclass(frozen=True)
 class Inventory:
     path: str
-    deployment: str
+    deployment: str  # the default deployment (hosts and placements may name others)
     hosts: dict[str, Host]
     roles: dict[str, Role]
     templates_dir: str

@@ -100,13 +100,14 @@ def memory_line(mem: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
-def deploy_summary(results: dict[str, Any]) -> tuple[str, bool]:
-    """Per host and unit: what happened, the endpoint and PIDs, or the cause and next step."""
+def deploy_summary(result: Any) -> tuple[str, bool]:
+    """Per host and unit: what happened, the endpoint and PIDs, or the cause and next step; then per
+    deployment: ready (with the smoke generation's timing) or failed, and what runs where now."""
     from .errors import GpudeployError
 
     out: list[str] = []
     ok = True
-    for host, res in results.items():
+    for host, res in result.hosts.items():
         if isinstance(res, GpudeployError):
             ok = False
             out.append(f"{host}: FAILED: {res}")
@@ -120,8 +121,9 @@ def deploy_summary(results: dict[str, Any]) -> tuple[str, bool]:
                 pids = f" pids {','.join(map(str, o.pids))}" if o.pids else ""
                 mem = memory_figures(o.gate.lines) if o.gate else ""
                 when = f" in {o.gate.elapsed_s:.1f} s" if o.gate else ""
+                stopped = f" (then {o.message})" if o.message.startswith("stopped") else ""
                 out.append(f"{tag}: {o.action}{when}: {u.health_url.rsplit('/', 1)[0]}  MainPID {o.main_pid}{pids}"
-                           + (f"\n    {mem}" if mem else ""))
+                           + stopped + (f"\n    {mem}" if mem else ""))
             else:
                 ok = False
                 out.append(f"{tag}: FAILED ({o.action})" + (f" {o.message}" if o.message else ""))
@@ -129,13 +131,33 @@ def deploy_summary(results: dict[str, Any]) -> tuple[str, bool]:
                     out.append("    " + o.gate.cause.render().replace("\n", "\n    "))
                     if o.message == "stopped":
                         out.append("    the unit was stopped so its GPUs are free again")
+    for dep in result.deployments.values():
+        ok = ok and dep.ok
+        out.append(deployment_line(dep))
     return "\n".join(out), ok
 
 
-def interrupted_text(results: dict[str, Any]) -> str:
+def deployment_line(dep: Any) -> str:
+    def smoke(u: Any, r: Any) -> str:
+        ttft = f"TTFT {r.ttft_s:.3f} s, " if r.ttft_s is not None else ""
+        got = f"{ttft}total {r.total_s:.3f} s, text {r.text.strip()[:50]!r}" if r.ok else f"FAILED: {r.message}"
+        return f"smoke {r.endpoint} through {u.key}: {got}"
+
+    smokes = [smoke(u, r) for u, r in dep.smoke]
+    if dep.ok:
+        return f"deployment {dep.name}: READY" + ("".join(f"\n    {s}" for s in smokes))
+    lines = [f"deployment {dep.name}: FAILED: {dep.failure}", *(f"    {s}" for s in smokes)]
+    if dep.stopped:
+        lines.append("    stopped what this run started: " + ", ".join(dep.stopped))
+    lines.append("    running now: " + (", ".join(dep.running) if dep.running else "nothing of this deployment"))
+    return "\n".join(lines)
+
+
+def interrupted_text(result: Any) -> str:
     """After Ctrl-C: exactly what this run left starting, where, and how to stop it."""
     from .errors import GpudeployError
 
+    results = result.hosts
     left = [(host, o) for host, res in results.items() if not isinstance(res, GpudeployError)
             for o in res if getattr(o, "left_running", False)]
     unknown = [host for host, res in results.items() if isinstance(res, GpudeployError)]
@@ -174,24 +196,32 @@ def memory_figures(lines: list[str]) -> str:
 
 
 def status_text(results: dict[str, Any]) -> tuple[str, bool]:
+    """One table, grouped by deployment; next to each engine, how its router sees it."""
     from .errors import GpudeployError
     from .verify.status import fmt_uptime
 
-    rows = [("HOST", "ROLE", "STATE", "PID", "UPTIME", "PORTS", "HEALTH")]
+    head = ("DEPLOYMENT", "HOST", "ROLE", "STATE", "PID", "UPTIME", "PORTS", "HEALTH", "ROUTER")
+    rows: list[tuple[str, ...]] = []
     notes: list[str] = []
     ok = True
     for host, res in results.items():
         if isinstance(res, GpudeployError):
-            rows.append((host, "-", "UNREACHABLE", "-", "-", "-", "-"))
+            rows.append(("-", host, "-", "UNREACHABLE", "-", "-", "-", "-", "-"))
             notes.append(f"{host}: {res}")
             continue
         if not res:
-            rows.append((host, "-", "no gpudeploy units", "-", "-", "-", "-"))
+            rows.append(("-", host, "-", "no gpudeploy units", "-", "-", "-", "-", "-"))
         for s in res:
             if s.deployed and not s.healthy:
                 ok = False
             ports = ",".join(f"{k}={v}" for k, v in s.ports.items()) or "-"
-            rows.append((host, s.role, s.state, str(s.main_pid or "-"), fmt_uptime(s.uptime_s), ports, s.health))
+            if s.workers is not None:
+                healthy = sum(1 for w in s.workers if w["healthy"])
+                router = f"{healthy}/{len(s.workers)} workers healthy"
+            else:
+                router = "; ".join(s.router_view) or "-"
+            rows.append((s.deployment, host, s.role, s.state, str(s.main_pid or "-"), fmt_uptime(s.uptime_s), ports,
+                         s.health, router))
             if s.last_failure:
                 notes.append(f"{host}/{s.role}: last failure: {s.last_failure}"
                              + (f"\n    next step: {s.next_step}" if s.next_step else ""))
@@ -199,6 +229,8 @@ def status_text(results: dict[str, Any]) -> tuple[str, bool]:
                 notes.append(f"{host}/{s.role}: processes of the unit still alive while it is {s.state}: "
                              + ", ".join(f"{p['pid']} ({p['cmd'][:60]})" for p in s.orphans)
                              + " -- `invoke teardown` kills them by PID")
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    rows.sort(key=lambda r: (r[0] == "-", r[0]))  # by deployment; hosts without units last
+    table = [head, *rows]
+    widths = [max(len(r[i]) for r in table) for i in range(len(head))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in table]
     return "\n".join(lines + (["", *notes] if notes else [])), ok

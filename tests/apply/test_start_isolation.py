@@ -51,7 +51,7 @@ def test_a_start_that_times_out_does_not_leave_the_others_ungated(monkeypatch: p
     states = systemd.SYSTEMD.states({"units": {u.name: {"props": {"ActiveState": "active", "LoadState": "loaded"}}
                                                for u in (prefill, decode)}})
     files = {u.name: {u.unit_path: (b"x", 0o644)} for u in (prefill, decode)}
-    out = {o.unit.role.name: o for o in d._start_and_gate(host, systemd.SYSTEMD, [prefill, decode],  # type: ignore[arg-type]
+    out = {o.unit.role.name: o for o in d.start_and_gate(host, systemd.SYSTEMD, [prefill, decode],  # type: ignore[arg-type]
                                                           files, states, d.Options(), None)}
     assert not out["prefill"].ok and "did not finish within 90 s" in out["prefill"].message
     assert out["decode"].ok and out["decode"].action == "started" and out["decode"].pids == [7]

@@ -11,6 +11,7 @@ CASES = [
     (["[2026-11-29 10:00:00 TP0] Capture cuda graph begin. This can take up to several minutes. avail mem=20.1 GB",
       "Capture cuda graph failed: CUDA out of memory. Tried to allocate 7.50 GiB. GPU 0 has a total capacity of "
       "95.00 GiB of which 2.30 GiB is free.", "Possible solutions:"], "oom-in-graph-capture"),
+    (["Capture prefill CUDA graph failed: CUDA out of memory. Tried to allocate 1.50 GiB."], "oom-in-graph-capture"),
     (["RuntimeError: Not enough memory. Please try to increase --mem-fraction-static."], "kv-pool-empty"),
     (["RuntimeError: Not enough GPU memory for hybrid (mamba/linear-attention) state cache."],
      "mamba-state-does-not-fit"),

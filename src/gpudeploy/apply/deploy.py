@@ -1,9 +1,8 @@
-"""deploy: preflight, upload, start only what changed, record the run, and gate it.
+"""The unit-level steps of deploy on one host: the files a unit needs, start and gate a wave of
+units together, record each run. ``deployment.py`` runs these across hosts, in phases.
 
-Per host, under the host lock: one probe gathers every fact; nothing is uploaded unless the whole
-preflight passes; unchanged healthy units are left alone (same MainPID); engines start together
-and are gated together; routers start after their engines are ready. One unit's failure (a start
-that times out, a gate that breaks) is that unit's outcome: the others are still gated and recorded.
+One unit's failure (a start that times out, a gate that breaks) is that unit's outcome: the
+others of the wave are still gated and recorded.
 """
 
 from __future__ import annotations
@@ -17,22 +16,16 @@ from typing import Any
 
 from ..errors import GpudeployError, InputError, Problem
 from ..facts.probe import probe
-from ..fanout import Cancel, for_each_host, say
-from ..model import Host, Plan, Unit
+from ..fanout import Cancel, progress, progress_done, say
+from ..model import Plan, Unit
 from ..plan.build import render_env
 from ..plan.calibrate import CalibrationStore, parse_memory_log
 from ..plan.flags import PROGRAM, flag_for
-from ..plan.memcheck import memory_verdicts
 from ..plan.render import Renderer
 from ..remote.base import Transport
-from ..remote.ssh import Remote
-from ..supervisor import for_host
 from ..supervisor.base import Run, Supervisor, UnitState
 from ..verify.causes import Cause, FlagName
 from ..verify.gate import GateResult, gate_runs
-from ..verify.http import status_of
-from . import check, preflight
-from .lock import HostLock
 
 RUNS_DIR = "/var/lib/gpudeploy/runs"
 STOP_MARGIN_S = 30.0  # what a stop may take beyond the unit's own stop timeout
@@ -58,7 +51,7 @@ class UnitOutcome:
 class Options:
     force: bool = False
     timeout_s: float | None = None
-    keep_failed: bool = False
+    keep_on_failure: bool = False  # leave what this run started (and a failed unit) running, for debugging
     lock_wait_s: float = 600.0
     check: bool = False  # show what would change (with diffs) and touch nothing
 
@@ -78,37 +71,12 @@ def secrets_for(plan: Plan) -> dict[str, str]:
     return values
 
 
-def deploy(plan: Plan, opts: Options, store: CalibrationStore | None = None, cancel: Cancel | None = None
-           ) -> dict[str, list[UnitOutcome] | GpudeployError]:
-    refusals, warnings = memory_verdicts(plan)
-    if refusals and not opts.force:
-        raise InputError(refusals)
-    for line in warnings:
-        say(line)
-    secrets = secrets_for(plan)
-    renderer = Renderer(plan.inventory.templates_dir)
-    cancel = cancel or Cancel()
-    hosts: dict[str, Host] = {}
-    for unit in plan.units:
-        hosts.setdefault(unit.host.name, unit.host)
-
-    def one(host: Host) -> list[UnitOutcome]:
-        units = [u for u in plan.units if u.host.name == host.name]
-        outcomes = deploy_host(host, units, secrets, renderer, opts, cancel)
-        if store is not None:
-            for o in outcomes:
-                _calibrate(store, o)
-        return outcomes
-
-    return for_each_host(list(hosts.values()), one, cancel)
-
-
-def _calibrate(store: CalibrationStore, o: UnitOutcome) -> None:
+def calibrate(store: CalibrationStore, o: UnitOutcome) -> None:
     """Keep what the engine measured, so the next plan prefers it over estimates."""
     if o.gate is None or o.unit.role.engine != "sglang":
         return
     measured = parse_memory_log(o.gate.lines)
-    if measured.weights_gib is None and measured.oom_tried_gib is None:
+    if measured.weights_gib is None and measured.oom_tried_gib is None and measured.failure is None:
         return
     store.put(o.unit.host.name, str(o.unit.role.model.get("path", o.unit.role.name)), o.unit.role.settings, measured)
 
@@ -123,59 +91,8 @@ def desired_files(unit: Unit, secrets: dict[str, str], renderer: Renderer) -> di
     return {unit.unit_path: (unit.files[unit.unit_path].encode(), 0o644), unit.env_path: (env_text.encode(), 0o600)}
 
 
-def _hashes(files: dict[str, tuple[bytes, int]]) -> dict[str, str]:
+def file_hashes(files: dict[str, tuple[bytes, int]]) -> dict[str, str]:
     return {p: hashlib.sha256(data).hexdigest() for p, (data, _) in files.items()}
-
-
-def deploy_host(host: Host, units: list[Unit], secrets: dict[str, str], renderer: Renderer,
-                opts: Options, cancel: Cancel | None = None) -> list[UnitOutcome]:
-    def waiting(who: str) -> None:
-        say(f"[{host.name}] waiting for another gpudeploy run ({who})")
-
-    supervisor = for_host(host)
-    with Remote(host) as remote, HostLock(remote, opts.lock_wait_s, waiting, cancel):
-        files = {u.name: desired_files(u, secrets, renderer) for u in units}
-        facts = probe(remote, {"units": [u.name for u in units], "files": [p for f in files.values() for p in f],
-                               "ports": True, "gpus": True})
-        states = supervisor.states(facts)
-        healthy = {u.name: status_of(u.health_url, timeout=2.0) == 200 for u in units
-                   if u.health_url and states[u.name].active}
-        preflight.check(host, units, facts, states, supervisor, force=opts.force)
-
-        if opts.check:
-            return [UnitOutcome(u, check.check_unit(remote, u, files[u.name], facts, states[u.name],
-                                                    healthy.get(u.name, False)), True, states[u.name].main_pid)
-                    for u in units]
-
-        outcomes: dict[str, UnitOutcome] = {}
-        to_start: list[Unit] = []
-        for u in units:
-            want = _hashes(files[u.name])
-            state = states[u.name]
-            if all(facts["files"].get(p) == h for p, h in want.items()) and state.active and healthy.get(u.name):
-                outcomes[u.name] = UnitOutcome(u, "unchanged", True, state.main_pid,
-                                               message="unchanged and healthy; not restarted")
-                say(f"[{host.name}/{u.role.name}] unchanged and healthy (MainPID {state.main_pid}); not restarted")
-                continue
-            to_start.append(u)
-            for path, (data, mode) in files[u.name].items():
-                if facts["files"].get(path) != want[path]:
-                    remote.put(path, data, mode)
-        if to_start:
-            supervisor.installed(remote)
-        engines = [u for u in to_start if u.role.engine != "sglang_router"]
-        routers = [u for u in to_start if u.role.engine == "sglang_router"]
-        for wave in (engines, routers):
-            if not wave:
-                continue
-            if wave is routers and any(not o.ok for o in outcomes.values()):
-                for u in wave:
-                    outcomes[u.name] = UnitOutcome(u, "skipped", False, message="not started: an engine failed")
-                    say(f"[{host.name}/{u.role.name}] not started because an engine on this host failed")
-                continue
-            outcomes.update({o.unit.name: o for o in _start_and_gate(remote, supervisor, wave, files, states,
-                                                                    opts, cancel)})
-        return [outcomes[u.name] for u in units]
 
 
 def _flag_name(u: Unit) -> FlagName:
@@ -189,7 +106,7 @@ def _flag_name(u: Unit) -> FlagName:
     return flag_name
 
 
-def _start_and_gate(remote: Transport, supervisor: Supervisor, units: list[Unit], files: dict[str, Any],
+def start_and_gate(remote: Transport, supervisor: Supervisor, units: list[Unit], files: dict[str, Any],
                     states: dict[str, UnitState], opts: Options, cancel: Cancel | None) -> list[UnitOutcome]:
     host = remote.host.name
     outcomes: dict[str, UnitOutcome] = {}
@@ -209,13 +126,14 @@ def _start_and_gate(remote: Transport, supervisor: Supervisor, units: list[Unit]
         action = "restarted" if run.restarted else "started"
         say(f"[{host}/{u.role.name}] {action} {u.name}: MainPID {run.main_pid}, invocation {run.invocation[:12]}")
         _record(remote, u, {"state": "starting", "invocation": run.invocation, "main_pid": run.main_pid,
-                            "started_us": run.start_us, "files": _hashes(files[u.name])})
+                            "started_us": run.start_us, "files": file_hashes(files[u.name])})
         started.append((u, run))
     if not started:
         return [outcomes[u.name] for u in units]
 
-    def on_phase(u: Unit, phase: str, elapsed: float) -> None:
-        say(f"[{host}/{u.role.name}] {elapsed:6.1f}s  {phase}")
+    def on_phase(u: Unit, phase: str, elapsed: float, detail: str, fraction: float | None) -> None:
+        progress(u.key, f"{elapsed:6.1f}s  {phase}" + (f"  {detail}" if detail else ""), phase=phase,
+                 fraction=fraction)
 
     try:
         gates = gate_runs(remote, supervisor, started, on_phase=on_phase, flag_name=_flag_name,
@@ -224,6 +142,7 @@ def _start_and_gate(remote: Transport, supervisor: Supervisor, units: list[Unit]
         gates = {u.name: GateResult(False, "starting", 0.0, Cause("connection-lost", str(exc)))
                  for u, _ in started}
     for u, run in started:
+        progress_done(u.key)
         try:
             outcomes[u.name] = _after_gate(remote, supervisor, u, run, gates[u.name], files, opts)
         except GpudeployError as exc:
@@ -245,10 +164,10 @@ def _after_gate(remote: Transport, supervisor: Supervisor, u: Unit, run: Run, ga
         procs = supervisor.states(probe(remote, {"units": [u.name]}))[u.name].procs
         _record(remote, u, {"state": "ready", **base,
                             "pids": [{"pid": p["pid"], "start_ticks": p["start_ticks"]} for p in procs],
-                            "files": _hashes(files[u.name])})
+                            "files": file_hashes(files[u.name])})
         return UnitOutcome(u, action, True, run.main_pid, gate, pids=[p["pid"] for p in procs])
     stopped = ""
-    if gate.died_at is None and not opts.keep_failed:
+    if gate.died_at is None and not opts.keep_on_failure:
         # A server that hangs, or printed a fatal line but lingers, still holds its GPUs:
         # stop it so the node is not left half started (--keep-failed keeps it for debugging).
         supervisor.stop(remote, [u.name], u.role.stop_timeout_s + STOP_MARGIN_S)

@@ -69,6 +69,10 @@ def holder_argv(wait_s: float, holder: str) -> list[str]:
     return ["python3", "-c", HOLDER, LOCK_PATH, holder, f"{wait_s:g}", f"{HEARTBEAT_TIMEOUT_S:g}"]
 
 
+class LockBusy(RemoteError):
+    """Another gpudeploy run holds the host lock (and we waited as long as we were asked to)."""
+
+
 class HostLock:
     def __init__(self, remote: Remote, wait_s: float = 600.0, on_wait: Callable[[str], None] | None = None,
                  cancel: Cancel | None = None) -> None:
@@ -108,8 +112,8 @@ class HostLock:
                     if text == "locked":
                         return self
                     if text == "timeout":
-                        raise RemoteError(self.remote.host.name, "another gpudeploy run held the host lock "
-                                          f"for over {self.wait_s:g} s")
+                        raise LockBusy(self.remote.host.name, "another gpudeploy run held the host lock "
+                                       f"for over {self.wait_s:g} s")
                     if text.startswith("busy") and self.on_wait is not None:
                         self.on_wait(text[5:])
             raise RemoteError(self.remote.host.name, f"no answer from the lock helper within {self.wait_s:g} s")

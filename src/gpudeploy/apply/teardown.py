@@ -4,12 +4,15 @@ Whatever the check finds is killed by exact PID and start time (a PID reused sin
 one without a start time is refused), and reported. Idempotent: tearing down what is already
 down just verifies again. A whole deployment is the set of units whose own file names it
 (``X-Gpudeploy-Deployment=``), never a name pattern. Takes the host lock, so a teardown waits for
-a deploy's gate instead of looking to it like a crash.
+a deploy's gate instead of looking to it like a crash. Units stop in order across hosts: routers,
+then decode, then the rest, prefill last.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,11 +21,11 @@ from ..facts.probe import probe
 from ..fanout import Cancel, for_each_host, say
 from ..model import Host, Plan, Unit
 from ..plan.build import ENV_DIR, STATE_ROOT, UNIT_DIR, unit_stem
-from ..remote.ssh import Remote
-from ..supervisor import for_host
-from ..supervisor.base import UnitState
+from ..remote.base import Transport
+from ..supervisor.base import Supervisor, UnitState
 from .hostscripts import kill_exact_argv
-from .lock import HostLock
+from .order import RANKS, kind_rank, stop_rank
+from .sessions import Session, open_sessions
 
 RUNS_DIR = "/var/lib/gpudeploy/runs"
 LINGER_S = 5.0  # a SIGKILLed process lingers until its parent reaps it
@@ -46,16 +49,56 @@ class TeardownOutcome:
         return not self.left and not self.gpu_left
 
 
-def teardown(plan: Plan, hosts: list[Host], *, purge: bool, whole_deployment: bool,
+def teardown(plan: Plan, hosts: list[Host], *, purge: bool, deployments: list[str],
              cancel: Cancel | None = None, lock_wait_s: float = 600.0
              ) -> dict[str, list[TeardownOutcome] | GpudeployError]:
-    deployment = plan.inventory.deployment if whole_deployment else None
+    """Stop in order across every host (routers, then decode, then the rest, prefill last), then
+    prove each host clean. Units of ``deployments`` that the plan no longer has are found by their
+    own files and stopped too."""
+    names = sorted(deployments)
+    results: dict[str, list[TeardownOutcome] | GpudeployError] = {}
+    with ExitStack() as stack:
+        sessions, errors = open_sessions(hosts, lock_wait_s, cancel, stack)
+        results.update(errors)
+        planned = {h: {u.name: u for u in plan.units if u.host.name == h} for h in sessions}
+        found: dict[str, dict[str, UnitState]] = {}
 
-    def one(host: Host) -> list[TeardownOutcome]:
-        units = [u for u in plan.units if u.host.name == host.name]
-        return teardown_host(host, units, deployment, purge, cancel=cancel, lock_wait_s=lock_wait_s)
+        def inspect(host: Host) -> None:
+            spec = {"units": list(planned[host.name]), "gpus": True, "deployments": names}
+            found[host.name] = sessions[host.name].supervisor.states(probe(sessions[host.name].remote, spec))
 
-    return for_each_host(hosts, one, cancel)
+        _each(sessions, inspect, results, cancel)
+        for rank in sorted(RANKS.values()):
+            def stop(host: Host, rank: int = rank) -> None:
+                mine = [n for n, st in found[host.name].items() if _rank(n, st, planned[host.name]) == rank]
+                if mine:
+                    timeout = max([u.role.stop_timeout_s for u in planned[host.name].values()] + [30.0])
+                    s = sessions[host.name]
+                    s.supervisor.stop(s.remote, mine, timeout + STOP_MARGIN_S)
+
+            _each(sessions, stop, results, cancel)
+
+        def prove(host: Host) -> list[TeardownOutcome]:
+            s = sessions[host.name]
+            return prove_clean(s.remote, s.supervisor, host, found[host.name], planned[host.name], purge)
+
+        for name, res in for_each_host([s.host for s in sessions.values()], prove, cancel).items():
+            results.setdefault(name, res)
+    return {h.name: results[h.name] for h in hosts}
+
+
+def _rank(name: str, state: UnitState, planned: dict[str, Unit]) -> int:
+    unit = planned.get(name)
+    return stop_rank(unit) if unit is not None else kind_rank((state.meta or {}).get("kind"))
+
+
+def _each(sessions: dict[str, Session], fn: Callable[[Host], None],
+          results: dict[str, list[TeardownOutcome] | GpudeployError], cancel: Cancel | None) -> None:
+    """``fn`` on every host still in the run; a host that fails reports its error and drops out."""
+    for name, res in for_each_host([s.host for s in sessions.values()], fn, cancel).items():
+        if isinstance(res, GpudeployError):
+            results[name] = res
+            sessions.pop(name)
 
 
 def survivors(state: UnitState, record: dict[str, Any], gpu_processes: list[dict[str, Any]]) -> dict[int, int | None]:
@@ -85,67 +128,56 @@ def owned_paths(name: str, meta: dict[str, str] | None, planned: Unit | None) ->
     return paths
 
 
-def teardown_host(host: Host, units: list[Unit], deployment: str | None, purge: bool, *,
-                  cancel: Cancel | None = None, lock_wait_s: float = 600.0) -> list[TeardownOutcome]:
-    planned = {u.name: u for u in units}
-
-    def waiting(who: str) -> None:
-        say(f"[{host.name}] waiting for another gpudeploy run ({who})")
-
-    supervisor = for_host(host)
-    with Remote(host) as remote, HostLock(remote, lock_wait_s, waiting, cancel):
-        spec: dict[str, Any] = {"units": list(planned), "gpus": True}
-        if deployment:
-            spec["deployment"] = deployment
-        before = supervisor.states(probe(remote, spec))
-        names = list(before)
-        if not names:
-            return []
-        stop_timeout = max([u.role.stop_timeout_s for u in units] + [30.0])
-        supervisor.stop(remote, names, stop_timeout + STOP_MARGIN_S)
-        after_facts = probe(remote, {"units": names, "gpus": True})
-        after = supervisor.states(after_facts)
-        gpu_procs = (after_facts.get("gpus") or {}).get("processes", [])
-        outcomes = []
-        for name in names:
-            now, then = after[name], before[name]
-            record = now.record or then.record or {}
-            meta = then.meta or {}
-            role = planned[name].role.name if name in planned else meta.get("role") or record.get("role", "?")
-            out = TeardownOutcome(name, role, then.state)
-            left = survivors(now, record, gpu_procs)
-            if left:
-                cmds = {p["pid"]: p.get("cmd", "?") for p in now.procs + now.recorded_alive}
-                for pid in left:
-                    say(f"[{host.name}/{role}] process {pid} survived the stop ({cmds.get(pid, '?')[:80]}); "
-                        "killing it by PID and start time")
-                res = remote.run(kill_exact_argv(sorted(left.items())), check=False)
-                for line in res.stdout.splitlines():
-                    word, _, rest = line.partition(" ")
-                    if word == "killed":
-                        out.killed.append(int(rest))
-                    elif word in ("refused", "spared"):
-                        out.refused.append(rest)
-            outcomes.append(out)
-        deadline = time.monotonic() + LINGER_S
-        while True:  # a SIGKILLed process lingers until its parent reaps it; wait for that, bounded
-            final_facts = probe(remote, {"units": names, "gpus": True})
-            final = supervisor.states(final_facts)
-            if not any(st.procs or st.recorded_alive for st in final.values()) or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
-        gpus = final_facts.get("gpus") or {}
+def prove_clean(remote: Transport, supervisor: Supervisor, host: Host, before: dict[str, UnitState],
+                planned: dict[str, Unit], purge: bool) -> list[TeardownOutcome]:
+    """After the stop: kill what survived (by PID and start time), wait for it to go, check the
+    GPUs, and with ``purge`` remove the units' files."""
+    names = list(before)
+    if not names:
+        return []
+    after_facts = probe(remote, {"units": names, "gpus": True})
+    after = supervisor.states(after_facts)
+    gpu_procs = (after_facts.get("gpus") or {}).get("processes", [])
+    outcomes = []
+    for name in names:
+        now, then = after[name], before[name]
+        record = now.record or then.record or {}
+        meta = then.meta or {}
+        role = planned[name].role.name if name in planned else meta.get("role") or record.get("role", "?")
+        out = TeardownOutcome(name, role, then.state)
+        left = survivors(now, record, gpu_procs)
+        if left:
+            cmds = {p["pid"]: p.get("cmd", "?") for p in now.procs + now.recorded_alive}
+            for pid in left:
+                say(f"[{host.name}/{role}] process {pid} survived the stop ({cmds.get(pid, '?')[:80]}); "
+                    "killing it by PID and start time")
+            res = remote.run(kill_exact_argv(sorted(left.items())), check=False)
+            for line in res.stdout.splitlines():
+                word, _, rest = line.partition(" ")
+                if word == "killed":
+                    out.killed.append(int(rest))
+                elif word in ("refused", "spared"):
+                    out.refused.append(rest)
+        outcomes.append(out)
+    deadline = time.monotonic() + LINGER_S
+    while True:  # a SIGKILLed process lingers until its parent reaps it; wait for that, bounded
+        final_facts = probe(remote, {"units": names, "gpus": True})
+        final = supervisor.states(final_facts)
+        if not any(st.procs or st.recorded_alive for st in final.values()) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    gpus = final_facts.get("gpus") or {}
+    for out in outcomes:
+        st = final[out.unit]
+        out.left = [p["pid"] for p in st.procs] + [p["pid"] for p in st.recorded_alive]
+        unit = planned.get(out.unit)
+        if unit is not None:
+            used = {d["index"]: d["used"] / 2**30 for d in gpus.get("devices", [])}
+            out.gpu_used_gib = {g: round(used[g], 2) for g in unit.gpus if g in used}
+            out.gpu_left = [p for p in gpus.get("processes", []) if p["gpu"] in unit.gpus]
+    if purge:
         for out in outcomes:
-            st = final[out.unit]
-            out.left = [p["pid"] for p in st.procs] + [p["pid"] for p in st.recorded_alive]
-            unit = planned.get(out.unit)
-            if unit is not None:
-                used = {d["index"]: d["used"] / 2**30 for d in gpus.get("devices", [])}
-                out.gpu_used_gib = {g: round(used[g], 2) for g in unit.gpus if g in used}
-                out.gpu_left = [p for p in gpus.get("processes", []) if p["gpu"] in unit.gpus]
-        if purge:
-            for out in outcomes:
-                out.purged = owned_paths(out.unit, before[out.unit].meta, planned.get(out.unit))
-            remote.run(["rm", "-rf", "--", *(p for out in outcomes for p in out.purged)])
-            supervisor.forget(remote, names)
-        return outcomes
+            out.purged = owned_paths(out.unit, before[out.unit].meta, planned.get(out.unit))
+        remote.run(["rm", "-rf", "--", *(p for out in outcomes for p in out.purged)])
+        supervisor.forget(remote, names)
+    return outcomes

@@ -4,7 +4,9 @@ Stdlib only, read-only, and it never matches processes by name: processes are fo
 unit's cgroup and exact PIDs. Input: one JSON argument. Output: one JSON document on stdout.
 
     {"units": ["gpudeploy-x.y.service"], "files": ["/etc/..."], "journal_lines": 60,
-     "deployment": "x"}   # also report every unit whose file says X-Gpudeploy-Deployment=x
+     "deployments": ["x"],   # also report every unit whose file says X-Gpudeploy-Deployment=x
+     "reach": [{"address", "port", ...}],   # can this host open a TCP connection there?
+     "http": {"name": "http://..."}}         # GETs made on the host itself
 
 A deployment's units are the ones whose own file names that deployment, compared exactly: a name
 pattern would also match other deployments (``gpudeploy-pd*`` is ``pd-test``'s too).
@@ -141,6 +143,50 @@ def journal(invocation: str, unit: str, lines: int) -> list[str]:
     return res.stdout.splitlines()
 
 
+def reach(targets: list[dict[str, Any]], timeout: float = 2.0) -> list[dict[str, Any]]:
+    """Can this host open a TCP connection to each target? Nothing needs to listen there yet: a
+    refused connection (RST) proves the path is open; a timeout or "no route" means a firewall or
+    the network stands in between."""
+    import socket
+
+    out = []
+    for t in targets:
+        try:
+            with socket.create_connection((t["address"], int(t["port"])), timeout=timeout):
+                result = "open"
+        except ConnectionRefusedError:
+            result = "refused"
+        except OSError as exc:
+            result = f"unreachable: {exc.strerror or exc}"
+        out.append({**t, "result": result})
+    return out
+
+
+def http_get(urls: dict[str, str], timeout: float = 2.0) -> dict[str, Any]:
+    """name -> {"status", "json"?} of a GET made on this host (no proxy), "status": None if down."""
+    import urllib.error
+    import urllib.request
+
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    out: dict[str, Any] = {}
+    for name, url in urls.items():
+        try:
+            with opener.open(url, timeout=timeout) as resp:
+                body = resp.read(1 << 20)
+                status = resp.status
+        except urllib.error.HTTPError as exc:
+            body, status = exc.read(1 << 20), exc.code
+        except Exception:  # refused, reset, timeout, not HTTP: down, for status
+            out[name] = {"status": None}
+            continue
+        try:
+            parsed = json.loads(body) if body else None
+        except ValueError:
+            parsed = None
+        out[name] = {"status": status, "json": parsed}
+    return out
+
+
 def file_hash(path: str) -> str | None:
     try:
         with open(path, "rb") as f:
@@ -149,7 +195,7 @@ def file_hash(path: str) -> str | None:
         return None
 
 
-MARKERS = {"X-Gpudeploy-Deployment": "deployment", "X-Gpudeploy-Role": "role",
+MARKERS = {"X-Gpudeploy-Deployment": "deployment", "X-Gpudeploy-Role": "role", "X-Gpudeploy-Kind": "kind",
            "EnvironmentFile": "env_file", "StateDirectory": "state_directory"}
 
 
@@ -183,8 +229,8 @@ def deployment_units(deployment: str) -> list[str]:
 
 def main(spec: dict[str, Any]) -> dict[str, Any]:
     names = list(spec.get("units", []))
-    if spec.get("deployment"):
-        names += [n for n in deployment_units(str(spec["deployment"])) if n not in names]
+    for deployment in spec.get("deployments", []):
+        names += [n for n in deployment_units(str(deployment)) if n not in names]
     shown = systemctl_show(names)
     units: dict[str, Any] = {}
     for name in names:
@@ -219,6 +265,8 @@ def main(spec: dict[str, Any]) -> dict[str, Any]:
         "files": {p: file_hash(p) for p in spec.get("files", [])},
         "listening": {str(k): v for k, v in listening_ports().items()} if spec.get("ports") else {},
         "gpus": gpus() if spec.get("gpus") else None,
+        "reach": reach(spec["reach"]) if spec.get("reach") else [],
+        "http": http_get(spec["http"]) if spec.get("http") else {},
     }
 
 

@@ -11,6 +11,7 @@ from ..errors import InputError, Problem
 from ..inventory import load_inventory
 from ..model import Host, Inventory, Plan, Role, Unit
 from .flags import check_args, engine_version, settings_args
+from .pd import pd_problems
 from .placement import Placement, place_host
 from .ports import assign_ports
 from .render import Renderer, control_problem, env_value, exec_line
@@ -42,25 +43,33 @@ RESERVED_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
 
 
 def load_plan(inventory_path: str, *, host: str | None = None, role: str | None = None,
-              store: CalibrationStore | None = None, suggest: bool = False, memory: bool = True) -> Plan:
+              deployment: str | None = None, whole: bool = False, store: CalibrationStore | None = None,
+              suggest: bool = False, memory: bool = True) -> Plan:
     """Parse the inventory and plan it, reporting the problems of both steps together."""
     problems: list[Problem] = []
     inv = load_inventory(inventory_path, problems)
-    return build_plan(inv, host=host, role=role, problems=problems, store=store, suggest=suggest,
-                      memory=memory)
+    return build_plan(inv, host=host, role=role, deployment=deployment, whole=whole, problems=problems,
+                      store=store, suggest=suggest, memory=memory)
 
 
 def build_plan(inv: Inventory, *, host: str | None = None, role: str | None = None,
+               deployment: str | None = None, whole: bool = False,
                problems: list[Problem] | None = None, store: CalibrationStore | None = None,
                suggest: bool = False, memory: bool = True) -> Plan:
-    """``memory=False`` skips the memory preflight (status, teardown and logs do not need it)."""
-    """Compute the whole deployment, then select. Raises InputError with every problem found.
+    """Compute every deployment of the inventory, then select. Raises InputError with every problem.
 
     The whole inventory is always checked: a router's upstreams live on other hosts, and a broken
-    host elsewhere is worth knowing about before anything is touched.
+    host elsewhere is worth knowing about before anything is touched. Selection: ``deployment``
+    keeps that deployment's units; ``host`` keeps the units on it, or with ``whole`` (deploy
+    without --role) every unit of the deployments that have one on it, on every host; ``role``
+    keeps that role. ``memory=False`` skips the memory preflight (status, teardown, logs).
     """
     problems = problems if problems is not None else []
     selection: list[Problem] = []
+    names = deployments(inv)
+    if deployment is not None and deployment not in names:
+        selection.append(Problem(f"unknown deployment {deployment!r} (deployments: {', '.join(sorted(names))})",
+                                 file=inv.path, key="deployment"))
     if host is not None and host not in inv.hosts:
         selection.append(Problem(f"unknown host {host!r} (hosts: {', '.join(sorted(inv.hosts))})",
                                 file=inv.path, host=host, key="hosts"))
@@ -83,8 +92,8 @@ def build_plan(inv: Inventory, *, host: str | None = None, role: str | None = No
             r = inv.roles.get(req.role)
             if r is None or r.name not in placements[h.name] or r.name not in ports[h.name]:
                 continue
-            unit = _unit(inv, h, r, placements[h.name][r.name], ports[h.name][r.name], ports,
-                         renderer, problems)
+            unit = _unit(inv, h, req.deployment or h.deployment, r, placements[h.name][r.name],
+                         ports[h.name][r.name], ports, renderer, problems)
             if unit is not None and unit.engine_version and memory:
                 from .memcheck import unit_memory  # the memory model is only loaded when asked for
 
@@ -92,9 +101,13 @@ def build_plan(inv: Inventory, *, host: str | None = None, role: str | None = No
                                                         want_suggestions=suggest))
             if unit is not None:
                 units.append(unit)
+    problems += pd_problems(units)
     if problems:
         raise InputError(problems)
-    selected = tuple(u for u in units if (host is None or u.host.name == host)
+    on_host = {u.deployment for u in units if u.host.name == host}
+    selected = tuple(u for u in units
+                     if (deployment is None or u.deployment == deployment)
+                     and (host is None or u.host.name == host or (whole and role is None and u.deployment in on_host))
                      and (role is None or u.role.name == role))
     if host is not None and role is not None and not selected:
         raise InputError([Problem(f"role {role!r} is not placed on host {host!r}", file=inv.path,
@@ -102,19 +115,32 @@ def build_plan(inv: Inventory, *, host: str | None = None, role: str | None = No
     return Plan(inventory=inv, units=selected)
 
 
-def _unit(inv: Inventory, host: Host, role: Role, placed: Placement, my_ports: dict[str, int],
+def unit_kind(role: Role) -> str:
+    """router, prefill, decode or server: what teardown needs to stop units in order."""
+    if role.engine == "sglang_router":
+        return "router"
+    mode = role.settings.get("disaggregation_mode")
+    return str(mode) if mode in ("prefill", "decode") else "server"
+
+
+def deployments(inv: Inventory) -> set[str]:
+    """Every deployment a placement of the inventory belongs to."""
+    return {p.deployment or h.deployment for h in inv.hosts.values() for p in h.placements} | {inv.deployment}
+
+
+def _unit(inv: Inventory, host: Host, deployment: str, role: Role, placed: Placement, my_ports: dict[str, int],
           all_ports: dict[str, dict[str, dict[str, int]]], renderer: Renderer,
           problems: list[Problem]) -> Unit | None:
     before = len(problems)
     version = engine_version(host, role, problems)
-    name = unit_name(inv.deployment, role.name)
-    stem = unit_stem(inv.deployment, role.name)
+    name = unit_name(deployment, role.name)
+    stem = unit_stem(deployment, role.name)
     state_dir = f"{STATE_ROOT}/gpudeploy/{stem}"
     argv: list[str] = []
     if role.engine == "sglang" and version:
         argv = _sglang_argv(host, role, version, my_ports, problems)
     elif role.engine == "sglang_router" and version:
-        argv = _router_argv(inv, host, role, version, my_ports, all_ports, problems)
+        argv = _router_argv(inv, deployment, host, role, version, my_ports, all_ports, problems)
     elif role.engine == "command":
         argv = _command_argv(host, role, placed, my_ports, state_dir, renderer, problems)
     # An engine's flag values never hold a newline: one there is a mistake (a folded `>` YAML
@@ -143,8 +169,9 @@ def _unit(inv: Inventory, host: Host, role: Role, placed: Placement, my_ports: d
     unit_path = f"{UNIT_DIR}/{name}"
     where = {"host": host.name, "role": role.name}
     unit_text = renderer.render("engine.service.j2", {
-        "unit": name, "host": host.name, "deployment": inv.deployment,
+        "unit": name, "host": host.name, "deployment": deployment,
         "role": role.name, "engine": role.engine, "description": description_text(role.description),
+        "kind": unit_kind(role),
         "env_path": env_path, "exec_start": exec_line(argv), "state_dir_name": f"gpudeploy/{stem}",
         "syslog_identifier": f"gpudeploy-{stem}", "stop_timeout_s": _seconds(role.stop_timeout_s),
         "binding": _binding(host, placed),
@@ -153,7 +180,7 @@ def _unit(inv: Inventory, host: Host, role: Role, placed: Placement, my_ports: d
     if unit_text is None or env_text is None:
         return None
     return Unit(
-        deployment=inv.deployment, host=host, role=role, name=name, engine_version=version,
+        deployment=deployment, host=host, role=role, name=name, engine_version=version,
         gpus=placed.gpus, numa_node=placed.numa_node, cpus=placed.cpus, ports=my_ports,
         argv=tuple(argv), env=env, secret_names=role.secret_env, unit_path=unit_path, env_path=env_path,
         state_dir=state_dir,
@@ -188,7 +215,7 @@ def render_env(renderer: Renderer, unit: str, host: str, role: str, env: dict[st
 
 def _sglang_argv(host: Host, role: Role, version: str, ports: dict[str, int],
                  problems: list[Problem]) -> list[str]:
-    argv = [host.python, "-m", MODULES["sglang"], "--model-path", str(role.model.get("path", "")),
+    argv = [role.python or host.python, "-m", MODULES["sglang"], "--model-path", str(role.model.get("path", "")),
             "--tp-size", str(role.tp_size), "--host", host.bind_address, "--port", str(ports["http"])]
     if "nccl" in ports:
         argv += ["--nccl-port", str(ports["nccl"])]
@@ -199,17 +226,20 @@ def _sglang_argv(host: Host, role: Role, version: str, ports: dict[str, int],
     return argv + list(role.extra_args)
 
 
-def _router_argv(inv: Inventory, host: Host, role: Role, version: str, ports: dict[str, int],
+def _router_argv(inv: Inventory, deployment: str, host: Host, role: Role, version: str, ports: dict[str, int],
                  all_ports: dict[str, dict[str, dict[str, int]]], problems: list[Problem]) -> list[str]:
-    argv = [host.python, "-m", MODULES["sglang_router"]]
+    argv = [role.python or host.python, "-m", MODULES["sglang_router"]]
     if role.upstreams.get("prefill") or role.upstreams.get("decode"):
         argv.append("--pd-disaggregation")
     for kind in ("prefill", "decode", "workers"):
         for upstream in role.upstreams.get(kind, ()):
-            found = [(h, all_ports[h.name][upstream]) for h in inv.hosts.values()
-                     if upstream in all_ports[h.name]]
+            # The upstream's units of this deployment (a role placed for another one is not ours).
+            found = [(h, all_ports[h.name][upstream]) for h in inv.hosts.values() for p in h.placements
+                     if p.role == upstream and (p.deployment or h.deployment) == deployment
+                     and upstream in all_ports[h.name]]
             if not found:
-                problems.append(Problem(f"upstream role {upstream!r} is not placed on any host",
+                problems.append(Problem(f"upstream role {upstream!r} is not placed on any host of deployment "
+                                        f"{deployment!r}",
                                         file=role.file, line=role.lines.get("upstreams"), host=host.name,
                                         role=role.name, key=f"upstreams.{kind}"))
             for up_host, up_ports in found:
@@ -231,7 +261,7 @@ def _router_argv(inv: Inventory, host: Host, role: Role, version: str, ports: di
 def _command_argv(host: Host, role: Role, placed: Placement, ports: dict[str, int], state_dir: str,
                   renderer: Renderer, problems: list[Problem]) -> list[str]:
     context: dict[str, Any] = {
-        "python": host.python, "port": ports["http"], "ports": ports, "address": host.address,
+        "python": role.python or host.python, "port": ports["http"], "ports": ports, "address": host.address,
         "bind_address": host.bind_address, "gpus": ",".join(str(g) for g in placed.gpus),
         "tp_size": role.tp_size, "model": role.model, "settings": role.settings, "state_dir": state_dir,
         "host": host.name, "role": role.name,

@@ -10,6 +10,8 @@ container exec) is one new file that implements them:
     (a log follower, the host lock's holder); closing the stream ends the command.
   * ``put(path, data, mode)``: write a file atomically (temp file in the same folder, then
     rename) with ``mode``; a secret is never readable by others, not even for a moment.
+  * ``open_tcp(address, port, timeout)``: a TCP connection made by the host itself (ssh -L does
+    this), so gpudeploy's HTTP to a server needs only the way in, not the server's port, open.
   * ``open()`` / ``close()`` (and the context manager): one connection for the whole command.
   * ``host``: the inventory's :class:`~gpudeploy.model.Host` it reaches.
 
@@ -20,7 +22,7 @@ broke; :class:`~gpudeploy.errors.RemoteError` when a command failed (and ``check
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from ..model import Host
 
@@ -48,6 +50,18 @@ class Stream(Protocol):
     def close(self) -> None: ...
 
 
+class Socket(Protocol):
+    """A byte stream to a port (``open_tcp``): what http.client needs of a socket."""
+
+    def sendall(self, data: bytes) -> None: ...
+
+    def makefile(self, mode: str = "r", bufsize: int = -1) -> Any: ...
+
+    def settimeout(self, timeout: float | None) -> None: ...
+
+    def close(self) -> None: ...
+
+
 class Transport(Protocol):
     host: Host
 
@@ -65,3 +79,5 @@ class Transport(Protocol):
     def stream(self, argv: list[str]) -> Stream: ...
 
     def put(self, path: str, data: bytes, mode: int) -> None: ...
+
+    def open_tcp(self, address: str, port: int, timeout: float) -> Socket: ...

@@ -10,12 +10,13 @@ round trip. Host keys are checked by the same rule and the same files as the par
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
 
 from ..errors import HostUnreachable, RemoteError
-from ..model import Host
+from ..model import Host, SshConfig
 from . import trust
 from .base import Result
 from .ssh import command_line
@@ -28,20 +29,34 @@ def available() -> bool:
     return shutil.which("ssh") is not None
 
 
+def _hop_options(ssh: SshConfig) -> list[str]:
+    """How to reach one hop: login, port, key, timeout and the one trust rule."""
+    opts = ["-o", "BatchMode=yes", *trust.openssh_options(ssh),
+            "-o", f"ConnectTimeout={max(1, round(ssh.connect_timeout_s))}"]
+    if ssh.port is not None:
+        opts += ["-p", str(ssh.port)]
+    if ssh.user is not None:
+        opts += ["-l", ssh.user]
+    if ssh.key:
+        opts += ["-i", ssh.key, "-o", "IdentitiesOnly=yes"]
+    return opts
+
+
 def ssh_argv(host: Host, command: list[str]) -> list[str]:
     CONTROL_DIR.mkdir(parents=True, exist_ok=True)
     CONTROL_DIR.chmod(0o700)  # the control sockets grant shell access to the hosts
-    opts = ["-o", "BatchMode=yes", *trust.openssh_options(host.ssh),
-            "-o", f"ConnectTimeout={max(1, round(host.ssh.connect_timeout_s))}",
+    opts = [*_hop_options(host.ssh),
             "-o", "ControlMaster=auto", "-o", f"ControlPersist={PERSIST_S}",
             "-o", f"ControlPath={CONTROL_DIR}/%C",
             "-o", "ServerAliveInterval=2", "-o", "ServerAliveCountMax=3"]
-    if host.ssh.port is not None:
-        opts += ["-p", str(host.ssh.port)]
-    if host.ssh.user is not None:
-        opts += ["-l", host.ssh.user]
-    if host.ssh.key:
-        opts += ["-i", host.ssh.key, "-o", "IdentitiesOnly=yes"]
+    hop = host.ssh.proxy_jump
+    if hop is not None:
+        # Not -J: options given on the command line would not apply to the jump host (ssh(1)),
+        # so its key would be checked against other files. A ProxyCommand ssh gets the same rule.
+        jump = SshConfig(user=hop.user, port=hop.port, key=hop.key, known_hosts=hop.known_hosts,
+                         connect_timeout_s=hop.connect_timeout_s)
+        inner = ["ssh", *_hop_options(jump), "-W", "%h:%p", "--", hop.address]
+        opts += ["-o", "ProxyCommand=" + " ".join(shlex.quote(a) for a in inner)]
     # ssh joins its arguments into one remote shell command line: quote every word.
     return ["ssh", *opts, "--", host.address, command_line(command)]
 

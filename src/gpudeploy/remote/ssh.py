@@ -9,6 +9,7 @@ IdentityFile, ProxyJump); what the inventory sets explicitly wins.
 
 from __future__ import annotations
 
+import logging
 import shlex
 import time
 from typing import Any
@@ -17,9 +18,13 @@ import fabric
 import paramiko
 
 from ..errors import HostUnreachable, RemoteError
-from ..model import Host
+from ..model import Host, SshConfig
 from . import trust
 from .base import Result
+
+# paramiko logs each refused direct-tcpip channel (a health poll before the port is up) as an
+# error; with no handler Python prints those to stderr. The transport reports failures itself.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 READ_SLICE_S = 0.05  # how long one read waits for stdout before it looks at stderr again
 
@@ -29,32 +34,54 @@ def command_line(argv: list[str]) -> str:
     return " ".join(shlex.quote(a) for a in argv)
 
 
+def connection(address: str, ssh: SshConfig) -> fabric.Connection:
+    """A fabric connection to ``address`` with gpudeploy's trust and timeouts (not opened yet)."""
+    key = ssh.key
+    kwargs: dict[str, Any] = {}
+    if ssh.user is not None:
+        kwargs["user"] = ssh.user
+    if ssh.port is not None:
+        kwargs["port"] = ssh.port
+    connect: dict[str, Any] = {"look_for_keys": key is None, "allow_agent": key is None,
+                               "banner_timeout": ssh.connect_timeout_s, "auth_timeout": ssh.connect_timeout_s}
+    if key:
+        connect["key_filename"] = [key]  # (fabric cannot merge a None key list with ssh_config's)
+    conn = fabric.Connection(address, **kwargs, connect_kwargs=connect)
+    # fabric rounds connect_timeout down to whole seconds (0.5 becomes 0, i.e. none at all);
+    # paramiko takes a float, so it goes straight there.
+    conn.connect_timeout = None
+    conn.connect_kwargs["timeout"] = ssh.connect_timeout_s
+    harden(conn, ssh)
+    return conn
+
+
+def harden(conn: fabric.Connection, ssh: SshConfig) -> None:
+    """Never add an unknown host key: check it against the same known_hosts files as every hop."""
+    files = trust.all_files(ssh)
+    conn.client.set_missing_host_key_policy(trust.KnownHostsPolicy(files))
+    conn.connect_kwargs["transport_factory"] = trust.transport_factory(
+        trust.preferred_key_types(trust.key_name(conn.host, conn.port), files))
+
+
 class Remote:
     """A connected host. Commands are argv lists, quoted here; nothing is concatenated elsewhere."""
 
     def __init__(self, host: Host) -> None:
         self.host = host
         ssh = host.ssh
-        key = ssh.key
-        kwargs: dict[str, Any] = {}
-        if ssh.user is not None:
-            kwargs["user"] = ssh.user
-        if ssh.port is not None:
-            kwargs["port"] = ssh.port
-        connect: dict[str, Any] = {"look_for_keys": key is None, "allow_agent": key is None,
-                                   "banner_timeout": ssh.connect_timeout_s, "auth_timeout": ssh.connect_timeout_s}
-        if key:
-            connect["key_filename"] = [key]  # (fabric cannot merge a None key list with ssh_config's)
-        self.conn = fabric.Connection(host.address, **kwargs, connect_kwargs=connect)
-        # fabric rounds connect_timeout down to whole seconds (0.5 becomes 0, i.e. none at all);
-        # paramiko takes a float, so it goes straight there.
-        self.conn.connect_timeout = None
-        self.conn.connect_kwargs["timeout"] = ssh.connect_timeout_s
-        files = trust.all_files(ssh)
+        self.conn = connection(host.address, ssh)
         self.known_name = trust.key_name(self.conn.host, self.conn.port)
-        self.conn.client.set_missing_host_key_policy(trust.KnownHostsPolicy(files))
-        self.conn.connect_kwargs["transport_factory"] = trust.transport_factory(
-            trust.preferred_key_types(self.known_name, files))
+        if ssh.proxy_jump is not None:
+            hop = ssh.proxy_jump
+            self.conn.gateway = connection(hop.address, SshConfig(
+                user=hop.user, port=hop.port, key=hop.key, known_hosts=hop.known_hosts,
+                connect_timeout_s=hop.connect_timeout_s))
+        else:
+            # A ProxyJump from ~/.ssh/config: fabric made those hops with AutoAddPolicy; check them too.
+            gateway = self.conn.gateway
+            while isinstance(gateway, fabric.Connection):
+                harden(gateway, ssh)
+                gateway = gateway.gateway
 
     def __enter__(self) -> Remote:
         self.open()
@@ -160,6 +187,22 @@ class Remote:
         except (paramiko.SSHException, OSError, EOFError) as exc:
             chan.close()
             raise HostUnreachable(self.host.name, f"the ssh connection was lost: {exc}") from None
+        return chan
+
+    def open_tcp(self, address: str, port: int, timeout: float) -> paramiko.Channel:
+        """A TCP connection made by the host itself to ``address:port`` (ssh -L's direct-tcpip
+        channel): HTTP to a server's port needs nothing but SSH open to the host."""
+        transport = self.conn.transport
+        if transport is None or not transport.is_active():
+            raise HostUnreachable(self.host.name, "the ssh connection was lost")
+        try:
+            chan: paramiko.Channel = transport.open_channel("direct-tcpip", (address, port), ("127.0.0.1", 0),
+                                                            timeout=timeout)
+        except paramiko.ChannelException as exc:  # the host could not connect: refused, no route
+            raise ConnectionRefusedError(f"{address}:{port} from {self.host.name}: {exc}") from None
+        except (paramiko.SSHException, EOFError) as exc:
+            raise HostUnreachable(self.host.name, f"the ssh connection was lost: {exc}") from None
+        chan.settimeout(timeout)
         return chan
 
     def put(self, path: str, data: bytes, mode: int) -> None:

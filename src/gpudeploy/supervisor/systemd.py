@@ -130,6 +130,7 @@ class Watch:
         self.done = threading.Event()
         self.chan: Any = None
         self.threads: list[threading.Thread] = []
+        self.errors: list[str] = []
 
     def __enter__(self) -> Watch:
         self.chan = self.remote.stream(journal_argv(list(self.runs.values())))
@@ -176,7 +177,10 @@ class Watch:
                     except ValueError:
                         continue
                     if isinstance(entry, dict):
-                        self._deliver(entry)
+                        try:
+                            self._deliver(entry)
+                        except Exception as exc:  # a sink's bug must not end the stream for every run
+                            self.errors.append(f"{type(exc).__name__}: {exc}")
         except OSError:
             return
 

@@ -51,7 +51,9 @@ PORT_IN_USE = Rule("port-in-use", re.compile(r"(Address already in use|address a
                    lambda s, f: "find who holds it (`ss -ltnp`) or give the role other ports under ports:")
 
 RULES: tuple[Rule, ...] = (
-    Rule("oom-in-graph-capture", re.compile(r"Capture cuda graph failed: CUDA out of memory"),
+    # 0.5.9: "Capture cuda graph failed: ..."; 0.5.23: "Capture decode CUDA graph failed" / "Capture
+    # prefill CUDA graph failed" (model_executor/*cuda_graph_runner.py).
+    Rule("oom-in-graph-capture", re.compile(r"Capture (?:\w+ )?cuda graph failed: CUDA out of memory", re.I),
          "CUDA out of memory while capturing CUDA graphs: the headroom left by --mem-fraction-static is too small",
          lambda s, f: (f"lower {f('mem_fraction_static')} (now {_setting(s, 'mem_fraction_static')}) by 0.05-0.10, "
                        f"or cap {f('cuda_graph_max_bs')} (now {_setting(s, 'cuda_graph_max_bs')}) at 16; "

@@ -21,6 +21,7 @@ from tenacity import retry_if_result, stop_after_delay, wait_exponential
 from ..errors import GpudeployError
 from ..fanout import Cancel
 from ..model import Unit
+from ..progress import progress_of
 from ..remote.base import Transport
 from ..supervisor.base import Run, Supervisor
 from .causes import Cause, FlagName, classify, fatal_rule, log_format, phase_of
@@ -38,7 +39,8 @@ FATAL_GRACE_S = 0.4  # after a fatal line, collect the lines that explain it (e.
 PHASE_ORDER = ("starting", "loading weights", "allocating KV cache", "capturing CUDA graphs",
                "starting HTTP server", "warmup", "ready")
 
-OnPhase = Callable[[Unit, str, float], None]
+# (unit, phase, seconds since start, the engine's own progress or "", fraction done or None)
+OnPhase = Callable[[Unit, str, float, str, "float | None"], None]
 
 
 @dataclass
@@ -77,7 +79,7 @@ class _Watch:
             if PHASE_ORDER.index(phase) <= PHASE_ORDER.index(self.phase):
                 return
             self.phase = phase
-        self.on_phase(self.unit, phase, time.monotonic() - self.t0)
+        self.on_phase(self.unit, phase, time.monotonic() - self.t0, "", None)
 
     # -- Sink ------------------------------------------------------------------------------------
     def line(self, text: str) -> None:
@@ -87,6 +89,9 @@ class _Watch:
         phase = phase_of(text, self.fmt)
         if phase:
             self.set_phase(phase)
+        step = progress_of(text)
+        if step is not None:
+            self.on_phase(self.unit, self.phase, time.monotonic() - self.t0, step[0], step[1])
         if fatal_rule(text, self.fmt) and self.fatal_at is None:
             self.fatal_at = time.monotonic()
             timer = threading.Timer(FATAL_GRACE_S, self.stop.set)
@@ -139,7 +144,7 @@ def _gate_one(remote: Transport, supervisor: Supervisor, watch: _Watch, flag_nam
               cancel: Cancel | None) -> GateResult:
     unit = watch.unit
     timeout = timeout_s if timeout_s is not None else unit.role.health.timeout_s
-    ready_at = _poll_health(unit, watch, timeout)
+    ready_at = _poll_health(unit, watch, timeout, remote)
     watch.stop.set()
     # Without a fatal line yet, the last lines decide the cause: let the stream catch up.
     if (ready_at is None and watch.died_at is not None and watch.fatal_at is None
@@ -184,11 +189,11 @@ def _exit_words(msg: str) -> str:
     return msg.split("Main process exited, ", 1)[-1] if "Main process exited" in msg else msg
 
 
-def _poll_health(unit: Unit, watch: _Watch, timeout: float) -> float | None:
+def _poll_health(unit: Unit, watch: _Watch, timeout: float, via: Transport) -> float | None:
     def attempt() -> bool:
         if watch.stop.is_set():
             return False
-        code = status_of(unit.health_url, timeout=1.0)
+        code = status_of(unit.health_url, timeout=1.0, via=via)  # through the host's ssh connection
         if code == 503:
             watch.set_phase("warmup")
         return code == 200

@@ -1,26 +1,132 @@
-"""HTTP reads of the servers gpudeploy deployed: /health, /readiness.
+"""HTTP to the servers gpudeploy deployed: /health, /readiness, /workers, the smoke generation.
 
-These go straight to the host's own address: an ``http_proxy`` set for the operator's browser or
-pip must not carry them (a proxy that cannot reach the GPU network would keep the gate from ever
-seeing 200), so the opener has no proxy handler, whatever the environment says.
+With ``via`` (the host's transport), each request travels inside the host's SSH connection to the
+server's port on the host itself, as ``ssh -L`` does: GPU nodes behind a bastion often have only
+SSH open. Without it, requests go straight to the host's address. Either way no ``http_proxy`` is
+used: a proxy for the operator's browser or pip that cannot reach the GPU network would keep the
+gate from ever seeing 200.
 """
 
 from __future__ import annotations
 
 import http.client
+import json
+import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from ..errors import GpudeployError
+from ..remote.base import Transport
 
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
-def status_of(url: str, timeout: float) -> int | None:
-    """The HTTP status ``url`` answers with, or None when nothing answers (or not in HTTP)."""
+class _Through(http.client.HTTPConnection):
+    """An HTTP connection whose socket is a TCP channel opened by the host itself."""
+
+    def __init__(self, host: str, port: int, timeout: float, via: Transport) -> None:
+        super().__init__(host, port, timeout=timeout)
+        self.via = via
+
+    def connect(self) -> None:
+        timeout = self.timeout if isinstance(self.timeout, (int, float)) else 10.0
+        self.sock = self.via.open_tcp(self.host, self.port or 80, timeout)
+
+
+@dataclass(frozen=True)
+class Response:
+    status: int
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+def _connection(url: str, timeout: float, via: Transport | None) -> tuple[http.client.HTTPConnection, str]:
+    parts = urlsplit(url)
+    path = parts.path + (f"?{parts.query}" if parts.query else "")
+    host, port = parts.hostname or "", parts.port or 80
+    conn = _Through(host, port, timeout, via) if via is not None else http.client.HTTPConnection(
+        host, port, timeout=timeout)
+    return conn, path or "/"
+
+
+def request(url: str, *, timeout: float, via: Transport | None = None, body: Any = None) -> Response | None:
+    """GET (or POST ``body`` as JSON) ``url``; None when nothing answers, or not in HTTP."""
+    conn, path = _connection(url, timeout, via)
     try:
-        with _OPENER.open(url, timeout=timeout) as resp:
-            return int(resp.status)
+        data = json.dumps(body).encode() if body is not None else None
+        conn.request("POST" if data is not None else "GET", path, body=data,
+                     headers={"Content-Type": "application/json"} if data is not None else {})
+        resp = conn.getresponse()
+        return Response(resp.status, resp.read())
+    except (OSError, http.client.HTTPException, ValueError, GpudeployError):
+        # refused, reset, timed out, a port that speaks something else (BadStatusLine), a lost host
+        return None
+    finally:
+        conn.close()
+
+
+def status_of(url: str, timeout: float, via: Transport | None = None) -> int | None:
+    """The HTTP status ``url`` answers with, or None when nothing answers."""
+    if via is not None:
+        resp = request(url, timeout=timeout, via=via)
+        return resp.status if resp is not None else None
+    try:
+        with _OPENER.open(url, timeout=timeout) as r:
+            return int(r.status)
     except urllib.error.HTTPError as exc:
         return int(exc.code)
     except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError):
-        # refused, reset, timed out, or a port that speaks something else (BadStatusLine)
         return None
+
+
+@dataclass(frozen=True)
+class Streamed:
+    """A streamed (SSE) POST: its status, the ``data:`` events, and when the first one came."""
+
+    status: int
+    events: list[Any]
+    error_body: str
+    first_event_s: float | None
+    total_s: float
+
+
+def stream_events(url: str, body: Any, *, timeout: float, via: Transport | None = None) -> Streamed:
+    """POST ``body`` and read a server-sent-event answer to its end (``data: [DONE]`` or close)."""
+    t0 = time.monotonic()
+    conn, path = _connection(url, timeout, via)
+    try:
+        conn.request("POST", path, body=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        if resp.status != 200:
+            return Streamed(resp.status, [], resp.read(2000).decode(errors="replace"), None,
+                            time.monotonic() - t0)
+        events: list[Any] = []
+        first: float | None = None
+        for data in _sse_data(resp):
+            if data == "[DONE]":
+                break
+            if first is None:
+                first = time.monotonic() - t0
+            try:
+                events.append(json.loads(data))
+            except ValueError:
+                events.append(data)
+        return Streamed(200, events, "", first, time.monotonic() - t0)
+    finally:
+        conn.close()
+
+
+def _sse_data(resp: http.client.HTTPResponse) -> Iterator[str]:
+    while True:
+        line = resp.readline()
+        if not line:
+            return
+        text = line.decode(errors="replace").strip()
+        if text.startswith("data:"):
+            yield text[5:].strip()

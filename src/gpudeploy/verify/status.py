@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,6 +10,7 @@ from ..errors import GpudeployError
 from ..facts.probe import probe
 from ..fanout import for_each_host
 from ..model import Host, Plan, Unit
+from ..plan.build import deployments
 from ..remote import openssh
 from ..supervisor import for_host
 from ..supervisor.base import UnitState
@@ -23,6 +23,7 @@ class UnitStatus:
     host: str
     unit: str
     role: str
+    deployment: str
     state: str  # ActiveState/SubState
     main_pid: int
     uptime_s: float | None
@@ -34,9 +35,13 @@ class UnitStatus:
     orphans: list[dict[str, Any]] = field(default_factory=list)
     last_failure: str | None = None
     next_step: str | None = None
+    address: str = ""
+    workers: list[dict[str, Any]] | None = None  # a router's own view of its workers (/workers)
+    router_view: list[str] = field(default_factory=list)  # an engine as its routers see it
 
     def to_json(self) -> dict[str, Any]:
-        return {"host": self.host, "unit": self.unit, "role": self.role, "state": self.state,
+        return {"host": self.host, "unit": self.unit, "role": self.role, "deployment": self.deployment,
+                "state": self.state, "workers": self.workers, "router_view": self.router_view,
                 "main_pid": self.main_pid, "uptime_s": self.uptime_s, "ports": self.ports, "health": self.health,
                 "healthy": self.healthy, "deployed": self.deployed, "pids": [p["pid"] for p in self.procs],
                 "orphans": [{"pid": p["pid"], "cmd": p["cmd"]} for p in self.orphans],
@@ -45,13 +50,21 @@ class UnitStatus:
 
 def status(plan: Plan, hosts: list[Host]) -> dict[str, list[UnitStatus] | GpudeployError]:
     by_host = {h.name: [u for u in plan.units if u.host.name == h.name] for h in hosts}
-    deployment = plan.inventory.deployment
-    return for_each_host(hosts, lambda h: host_status(h, by_host[h.name], deployment))
+    names = sorted(deployments(plan.inventory))
+    results = for_each_host(hosts, lambda h: host_status(h, by_host[h.name], names, plan.inventory.deployment))
+    _router_views([s for r in results.values() if not isinstance(r, GpudeployError) for s in r])
+    return results
 
 
-def host_status(host: Host, units: list[Unit], deployment: str) -> list[UnitStatus]:
+def host_status(host: Host, units: list[Unit], deployment_names: list[str], default: str) -> list[UnitStatus]:
     journal_lines = max([log_format(u.role.log_format).journal_lines for u in units] + [60])
-    spec = {"units": [u.name for u in units], "deployment": deployment, "journal_lines": journal_lines}
+    # Health, and each router's /workers, are read on the host itself: one round trip, and the
+    # servers' ports need not be open to the operator's machine.
+    http = {u.name: u.health_url for u in units if u.health_url}
+    http.update({f"{u.name}#workers": f"http://{u.host.address}:{u.ports['http']}/workers" for u in units
+                 if u.role.engine == "sglang_router" and "http" in u.ports})
+    spec = {"units": [u.name for u in units], "deployments": deployment_names, "journal_lines": journal_lines,
+            "http": http}
     if openssh.available():
         facts = probe(openssh.OpenSsh(host), spec)
     else:
@@ -61,9 +74,39 @@ def host_status(host: Host, units: list[Unit], deployment: str) -> list[UnitStat
             facts = probe(remote, spec)
     states = for_host(host).states(facts)
     planned = {u.name: u for u in units}
-    with ThreadPoolExecutor(max_workers=max(1, len(units))) as pool:
-        health = dict(zip(planned, pool.map(health_code, planned.values()), strict=True))
-    return [_status(host, st, planned.get(name), health.get(name, "-"), facts["now"]) for name, st in states.items()]
+    out = []
+    for name, st in states.items():
+        unit = planned.get(name)
+        got = facts.get("http", {}).get(name)
+        health = "-" if unit is None or not unit.health_url else str(got["status"]) if got and got["status"] else "down"
+        s = _status(host, st, unit, health, facts["now"], default)
+        workers = facts.get("http", {}).get(f"{name}#workers")
+        if workers is not None:
+            s.workers = parse_workers(workers.get("json"))
+        out.append(s)
+    return out
+
+
+def parse_workers(doc: Any) -> list[dict[str, Any]]:
+    """sglang-router's /workers answer -> [{"url", "type", "healthy"}] (a list, or {"workers": [...]})."""
+    items = doc.get("workers", []) if isinstance(doc, dict) else doc if isinstance(doc, list) else []
+    out = []
+    for w in items:
+        if isinstance(w, dict) and w.get("url"):
+            healthy = w.get("is_healthy", w.get("healthy"))
+            out.append({"url": str(w["url"]).rstrip("/"), "type": w.get("worker_type") or w.get("type"),
+                        "healthy": bool(healthy) if healthy is not None else None})
+    return out
+
+
+def _router_views(all_status: list[UnitStatus]) -> None:
+    """Next to each engine: how each router that lists it sees it."""
+    for router in all_status:
+        for w in router.workers or []:
+            for s in all_status:
+                if s.ports.get("http") and w["url"] == f"http://{s.address}:{s.ports['http']}":
+                    word = {True: "healthy", False: "UNHEALTHY", None: "listed"}[w["healthy"]]
+                    s.router_view.append(f"{word} in {router.host}/{router.role}")
 
 
 def health_code(unit: Unit) -> str:
@@ -74,7 +117,7 @@ def health_code(unit: Unit) -> str:
     return "down" if code is None else str(code)
 
 
-def _status(host: Host, st: UnitState, unit: Unit | None, health: str, now: float) -> UnitStatus:
+def _status(host: Host, st: UnitState, unit: Unit | None, health: str, now: float, default: str) -> UnitStatus:
     record = st.record or {}
     uptime = None
     if st.active and record.get("started_us") and record.get("invocation") == st.run_id:
@@ -93,6 +136,8 @@ def _status(host: Host, st: UnitState, unit: Unit | None, health: str, now: floa
         next_step = record["cause"].get("next_step")
     return UnitStatus(
         host=host.name, unit=st.name, role=unit.role.name if unit else record.get("role", "?"),
+        deployment=unit.deployment if unit else (st.meta or {}).get("deployment") or record.get("deployment", default),
+        address=host.address,
         state=f"{st.state}/{st.detail}" if st.installed else "not deployed",
         main_pid=st.main_pid, uptime_s=uptime,
         ports=dict(unit.ports) if unit else {}, health=health, healthy=st.active and health == "200",

@@ -1,0 +1,284 @@
+"""deploy: whole deployments across hosts, in phases, each phase on every host in parallel.
+
+    connect + lock every host   -> prepare (probe, preflight, what changed) -> upload
+    -> engines (start + gate)   -> routers, once the engines they front are ready
+    -> smoke: a real generation through each router, which must return text
+
+A deployment succeeds or fails as one: a host that cannot be reached or fails its preflight fails
+its deployments before anything of them is touched; a unit that fails its start, its gate or the
+smoke fails its deployment, and then the units this run started there are stopped (routers, then
+decode, then prefill), unless ``keep_on_failure``. The report says exactly what runs where.
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import GpudeployError, InputError, RemoteError
+from ..facts.probe import probe
+from ..fanout import Cancel, Interrupted, for_each_host, say, show_progress
+from ..model import Host, Plan, Unit
+from ..plan.calibrate import CalibrationStore
+from ..plan.memcheck import memory_verdicts
+from ..plan.render import Renderer
+from ..progress import Board
+from ..remote.ssh import Remote
+from ..supervisor.base import Supervisor, UnitState
+from ..verify.http import status_of
+from ..verify.smoke import SmokeResult, smoke_test
+from . import check, preflight
+from .deploy import Options, UnitOutcome, calibrate, desired_files, file_hashes, secrets_for, start_and_gate
+from .order import stop_rank, upstreams_of
+from .sessions import open_sessions
+
+STOP_MARGIN_S = 30.0
+
+
+@dataclass
+class HostSession:
+    """One host for the whole command: its connection, its lock, what it looked like at the start."""
+
+    host: Host
+    remote: Remote
+    supervisor: Supervisor
+    units: list[Unit]
+    files: dict[str, dict[str, tuple[bytes, int]]] = field(default_factory=dict)
+    facts: dict[str, Any] = field(default_factory=dict)
+    states: dict[str, UnitState] = field(default_factory=dict)
+    healthy: dict[str, bool] = field(default_factory=dict)
+
+
+@dataclass
+class DeploymentOutcome:
+    name: str
+    ok: bool = True
+    failure: str = ""  # what failed first, in a sentence
+    smoke: list[tuple[Unit, SmokeResult]] = field(default_factory=list)
+    stopped: list[str] = field(default_factory=list)  # host/role this run started and then stopped
+    running: list[str] = field(default_factory=list)  # host/role left running after a failure
+
+    def fail(self, why: str) -> None:
+        if self.ok:
+            self.ok, self.failure = False, why
+
+
+@dataclass
+class DeployResult:
+    hosts: dict[str, list[UnitOutcome] | GpudeployError]
+    deployments: dict[str, DeploymentOutcome]
+
+
+def reach_targets(unit: Unit, units: list[Unit]) -> list[dict[str, Any]]:
+    """The ports ``unit``'s host must reach on other hosts: a router its engines' HTTP ports, a
+    decode server its prefill's bootstrap port (where the KV handshake starts)."""
+    out = []
+    for up, kind in upstreams_of(unit, units):
+        out.append({"address": up.host.address, "port": up.ports["http"], "what": f"{kind} {up.key} http",
+                    "from": unit.key})
+    if unit.role.settings.get("disaggregation_mode") == "decode":
+        for other in units:
+            if other.deployment == unit.deployment and "bootstrap" in other.ports:
+                out.append({"address": other.host.address, "port": other.ports["bootstrap"],
+                            "what": f"prefill {other.key} bootstrap", "from": unit.key})
+    return out
+
+
+def deploy(plan: Plan, opts: Options, store: CalibrationStore | None = None,
+           cancel: Cancel | None = None) -> DeployResult:
+    refusals, warnings = memory_verdicts(plan)
+    if refusals and not opts.force:
+        raise InputError(refusals)
+    for line in warnings:
+        say(line)
+    secrets = secrets_for(plan)
+    renderer = Renderer(plan.inventory.templates_dir)
+    cancel = cancel or Cancel()
+    units = list(plan.units)
+    hosts = list({u.host.name: u.host for u in units}.values())
+    result = DeployResult({}, {d: DeploymentOutcome(d) for d in sorted({u.deployment for u in units})})
+    outcomes: dict[str, UnitOutcome] = {}  # unit key -> outcome
+    with ExitStack() as stack:
+        show_progress(Board())
+        stack.callback(show_progress, None)
+        try:
+            sessions = _open(hosts, units, opts, cancel, stack, result)
+            _run(sessions, units, secrets, renderer, opts, cancel, result, outcomes)
+        except Interrupted as exc:
+            for host, res in exc.results.items():
+                if isinstance(res, GpudeployError):
+                    result.hosts.setdefault(host, res)
+            _collect(result, units, outcomes)
+            raise Interrupted(result) from None
+    if store is not None:
+        for o in outcomes.values():
+            calibrate(store, o)
+    _collect(result, units, outcomes)
+    return result
+
+
+def _collect(result: DeployResult, units: list[Unit], outcomes: dict[str, UnitOutcome]) -> None:
+    for u in units:
+        if isinstance(result.hosts.get(u.host.name), GpudeployError):
+            continue
+        listed = result.hosts.setdefault(u.host.name, [])
+        assert isinstance(listed, list)
+        o = outcomes.get(u.key) or UnitOutcome(u, "skipped", False, message=_why_skipped(result, u))
+        if o not in listed:
+            listed.append(o)
+
+
+def _why_skipped(result: DeployResult, u: Unit) -> str:
+    failure = result.deployments[u.deployment].failure
+    return f"not started: {failure}" if failure else "not started"
+
+
+def _open(hosts: list[Host], units: list[Unit], opts: Options, cancel: Cancel, stack: ExitStack,
+          result: DeployResult) -> dict[str, HostSession]:
+    opened, errors = open_sessions(hosts, opts.lock_wait_s, cancel, stack)
+    for name, error in errors.items():
+        _host_failed(result, units, name, error)
+    return {name: HostSession(s.host, s.remote, s.supervisor, [u for u in units if u.host.name == name])
+            for name, s in opened.items()}
+
+
+def _host_failed(result: DeployResult, units: list[Unit], host: str, error: GpudeployError) -> None:
+    result.hosts[host] = error
+    for dep in {u.deployment for u in units if u.host.name == host}:
+        result.deployments[dep].fail(f"host {host} failed: {str(error).splitlines()[0]}")
+
+
+def _run(sessions: dict[str, HostSession], units: list[Unit], secrets: dict[str, str], renderer: Renderer,
+         opts: Options, cancel: Cancel, result: DeployResult, outcomes: dict[str, UnitOutcome]) -> None:
+    deps = result.deployments
+
+    def live(host: str) -> list[HostSession]:
+        return [s for s in sessions.values() if s.host.name == host or host == "*"]
+
+    def prepare(host: Host) -> None:
+        s = sessions[host.name]
+        s.files = {u.name: desired_files(u, secrets, renderer) for u in s.units}
+        targets = [t for u in s.units for t in reach_targets(u, units)]
+        s.facts = probe(s.remote, {"units": [u.name for u in s.units], "ports": True, "gpus": True,
+                                   "files": [p for f in s.files.values() for p in f], "reach": targets})
+        s.states = s.supervisor.states(s.facts)
+        s.healthy = {u.name: status_of(u.health_url, timeout=2.0, via=s.remote) == 200 for u in s.units
+                     if u.health_url and s.states[u.name].active}
+        found = preflight.problems(host, s.units, s.facts, s.states, s.supervisor, force=opts.force)
+        found += [f"{r['from']} cannot reach {r['address']}:{r['port']} ({r['what']}) from {host.name}: "
+                  f"{r['result']}" for r in s.facts.get("reach", []) if r["result"].startswith("unreachable")]
+        if found:
+            raise RemoteError(host.name, "preflight failed, nothing was changed:\n"
+                              + "\n".join(f"  - {p}" for p in found))
+
+    for name, res in for_each_host([s.host for s in live("*")], prepare, cancel).items():
+        if isinstance(res, GpudeployError):
+            _host_failed(result, units, name, res)
+            sessions.pop(name)
+    if opts.check:
+        for s in sessions.values():
+            for u in s.units:
+                action = check.check_unit(s.remote, u, s.files[u.name], s.facts, s.states[u.name],
+                                          s.healthy.get(u.name, False))
+                outcomes[u.key] = UnitOutcome(u, action, True, s.states[u.name].main_pid)
+        return
+
+    def ok(u: Unit) -> bool:
+        return deps[u.deployment].ok and u.host.name in sessions
+
+    to_start: dict[str, list[Unit]] = {}
+
+    def upload(host: Host) -> None:
+        s = sessions[host.name]
+        changed = False
+        for u in (u for u in s.units if ok(u)):
+            want = file_hashes(s.files[u.name])
+            state = s.states[u.name]
+            if all(s.facts["files"].get(p) == h for p, h in want.items()) and state.active and s.healthy.get(u.name):
+                outcomes[u.key] = UnitOutcome(u, "unchanged", True, state.main_pid,
+                                              message="unchanged and healthy; not restarted")
+                say(f"[{host.name}/{u.role.name}] unchanged and healthy (MainPID {state.main_pid}); not restarted")
+                continue
+            to_start.setdefault(host.name, []).append(u)
+            for path, (data, mode) in s.files[u.name].items():
+                if s.facts["files"].get(path) != want[path]:
+                    s.remote.put(path, data, mode)
+                    changed = True
+        if changed or to_start.get(host.name):
+            s.supervisor.installed(s.remote)
+
+    _phase(sessions, upload, units, result, cancel)
+
+    def wave(routers: bool) -> None:
+        def one(host: Host) -> None:
+            s = sessions[host.name]
+            mine = [u for u in to_start.get(host.name, [])
+                    if ok(u) and (u.role.engine == "sglang_router") == routers
+                    and (not routers or all(outcomes.get(e.key) and outcomes[e.key].ok
+                                            for e, _ in upstreams_of(u, units)))]
+            for o in start_and_gate(s.remote, s.supervisor, mine, s.files, s.states, opts, cancel):
+                outcomes[o.unit.key] = o
+        _phase(sessions, one, units, result, cancel)
+        for o in list(outcomes.values()):
+            if not o.ok and deps[o.unit.deployment].ok and not o.action.startswith("would"):
+                deps[o.unit.deployment].fail(f"{o.unit.key} {o.action}"
+                                             + (f": {o.gate.cause.summary}" if o.gate and o.gate.cause else ""))
+
+    wave(routers=False)
+    wave(routers=True)
+
+    def smoke(host: Host) -> None:
+        s = sessions[host.name]
+        for u in s.units:
+            if u.role.engine == "sglang_router" and u.role.smoke is not None and ok(u) and outcomes.get(u.key):
+                res = smoke_test(u, [e for e, _ in upstreams_of(u, units)], via=s.remote)
+                deps[u.deployment].smoke.append((u, res))
+                ttft = f"TTFT {res.ttft_s:.3f} s, " if res.ttft_s is not None else ""
+                say(f"[{host.name}/{u.role.name}] smoke {res.endpoint}: "
+                    + (f"{ttft}total {res.total_s:.3f} s: {res.text.strip()[:60]!r}" if res.ok else
+                       f"FAILED: {res.message}"))
+                if not res.ok:
+                    deps[u.deployment].fail(f"the smoke generation through {u.key} failed: {res.message}")
+
+    _phase(sessions, smoke, units, result, cancel)
+    _clean_up_failures(sessions, units, opts, result, outcomes, cancel)
+
+
+def _phase(sessions: dict[str, HostSession], fn: Any, units: list[Unit], result: DeployResult,
+           cancel: Cancel) -> None:
+    """Run ``fn(host)`` on every live host in parallel; a host that fails drops out of the run."""
+    for name, res in for_each_host([s.host for s in sessions.values()], fn, cancel).items():
+        if isinstance(res, GpudeployError):
+            _host_failed(result, units, name, res)
+            sessions.pop(name)
+
+
+def _clean_up_failures(sessions: dict[str, HostSession], units: list[Unit], opts: Options, result: DeployResult,
+                       outcomes: dict[str, UnitOutcome], cancel: Cancel) -> None:
+    """In each failed deployment, stop what this run started (routers, then decode, then prefill)."""
+    for dep in result.deployments.values():
+        if dep.ok or cancel.is_set():
+            continue
+        mine = [o for o in outcomes.values() if o.unit.deployment == dep.name]
+        # A unit that failed its own gate was already stopped if it still ran (start_and_gate).
+        started = [o for o in mine if o.ok and o.action in ("started", "restarted")]
+        if opts.keep_on_failure:
+            dep.running = sorted(o.unit.key for o in mine if o.action in ("started", "restarted", "unchanged"))
+            continue
+        for rank in sorted({stop_rank(o.unit) for o in started}):
+            batch = [o for o in started if stop_rank(o.unit) == rank and o.unit.host.name in sessions]
+
+            def stop(host: Host, batch: list[UnitOutcome] = batch) -> None:
+                s = sessions[host.name]
+                names = [o.unit.name for o in batch if o.unit.host.name == host.name]
+                if names:
+                    timeout = max(o.unit.role.stop_timeout_s for o in batch) + STOP_MARGIN_S
+                    s.supervisor.stop(s.remote, names, timeout)
+
+            for_each_host(list({o.unit.host.name: o.unit.host for o in batch}.values()), stop, cancel)
+            for o in batch:
+                dep.stopped.append(o.unit.key)
+                if o.ok:
+                    o.message = "stopped: its deployment failed"
+        dep.running = sorted(o.unit.key for o in mine if o.action == "unchanged")

@@ -1,0 +1,72 @@
+"""One connection and one host lock per host for a whole command (deploy, teardown).
+
+All locks are taken at once when none is busy; when one is, every lock taken is let go and they
+are taken again one after another in host-name order, waiting where needed: two runs that share
+hosts then never wait for each other in a ring.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass
+
+from ..errors import GpudeployError
+from ..fanout import Cancel, for_each_host, say
+from ..model import Host
+from ..remote.ssh import Remote
+from ..supervisor import for_host
+from ..supervisor.base import Supervisor
+from .lock import HostLock, LockBusy
+
+
+@dataclass
+class Session:
+    host: Host
+    remote: Remote
+    supervisor: Supervisor
+
+
+def _waiting(host: str) -> Callable[[str], None]:
+    return lambda who: say(f"[{host}] waiting for another gpudeploy run ({who})")
+
+
+def open_sessions(hosts: list[Host], lock_wait_s: float, cancel: Cancel | None, stack: ExitStack
+                  ) -> tuple[dict[str, Session], dict[str, GpudeployError]]:
+    """(sessions, errors) by host name; ``stack`` closes the connections and locks."""
+    errors: dict[str, GpudeployError] = {}
+
+    def connect(host: Host) -> Remote:
+        remote = Remote(host)
+        remote.open()
+        return remote
+
+    remotes: dict[str, Remote] = {}
+    for name, res in for_each_host(hosts, connect, cancel).items():
+        if isinstance(res, GpudeployError):
+            errors[name] = res
+        else:
+            remotes[name] = res
+            stack.callback(res.close)
+    reachable = [h for h in hosts if h.name in remotes]
+    locks: dict[str, HostLock | GpudeployError] = dict(for_each_host(
+        reachable, lambda h: HostLock(remotes[h.name], 0, None, cancel).__enter__(), cancel))
+    if any(isinstance(r, LockBusy) for r in locks.values()):
+        for r in locks.values():
+            if isinstance(r, HostLock):
+                r.__exit__()
+        locks = {}
+        for h in sorted(reachable, key=lambda h: h.name):
+            try:
+                locks[h.name] = HostLock(remotes[h.name], lock_wait_s, _waiting(h.name), cancel).__enter__()
+            except GpudeployError as exc:
+                locks[h.name] = exc
+    sessions: dict[str, Session] = {}
+    for h in reachable:
+        lock = locks[h.name]
+        if isinstance(lock, HostLock):
+            stack.callback(lock.__exit__)
+            sessions[h.name] = Session(h, remotes[h.name], for_host(h))
+        else:
+            errors[h.name] = lock
+    return sessions, errors
