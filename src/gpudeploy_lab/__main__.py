@@ -1,4 +1,5 @@
-"""``python -m gpudeploy_lab up [--hosts N] | down | status | engine | router``: the lab without invoke."""
+"""``python -m gpudeploy_lab up [--hosts N] [--private A:B] | down | status | engine | router | private A B``:
+the lab without invoke."""
 
 from __future__ import annotations
 
@@ -14,6 +15,12 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="boot lab hosts and wait until they are ready")
     up.add_argument("--hosts", type=int, default=3, help="how many hosts: lab1..labN (default 3)")
+    up.add_argument("--private", action="append", default=[], metavar="BASTION:HOST",
+                    help="HOST reachable at 10.232.<N>.2 only through BASTION (repeatable)")
+    priv = sub.add_parser("private", help="put a running host behind a bastion (a private link)")
+    priv.add_argument("bastion")
+    priv.add_argument("host")
+    priv.add_argument("--remove", action="store_true", help="take the private link away again")
     sub.add_parser("down", help="stop every lab host and remove everything it left")
     sub.add_parser("status", help="print each lab host's state")
     sub.add_parser("engine", help="build (once, cached) everything the hosts mount read-only: the vLLM CPU "
@@ -22,7 +29,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "up":
-            control.up(args.hosts)
+            control.up(args.hosts, private=[pair for item in args.private for pair in control.parse_pairs(item)])
+        elif args.command == "private":
+            if args.remove:
+                control.remove_private_link(args.bastion, args.host)
+            else:
+                control.add_private_link(args.bastion, args.host)
         elif args.command == "engine":
             engine.ensure_all()
         elif args.command == "router":
@@ -35,6 +47,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(st.line())
             if not statuses:
                 print("lab: no hosts")
+            for lk in control.private_links():
+                print(f"{lk.private.name:<6} private {lk.private_address} ({lk.private_name}) "
+                      f"only through {lk.bastion.name}")
     except (LabError, ValueError) as exc:
         print(f"lab {args.command} failed: {exc}", file=sys.stderr)
         return 1

@@ -92,6 +92,48 @@ class Host:
         return tuple(root / self.name for root in CGROUP_ROOTS)
 
 
+# Private links (a bastion topology): a veth pair between two hosts' network namespaces, nothing of it
+# in the main machine's namespace, on 10.232.<private host's index>.0/24; the main machine routes
+# all of 10.232.0.0/16 nowhere ("unreachable"), so a private address answers only from its bastion.
+PRIVATE_ROUTE = "10.232.0.0/16"
+PRIVATE_BASTION_PREFIX = "gdpb-"  # in the bastion's netns: gdpb-<private host>
+PRIVATE_HOST_PREFIX = "gdpp-"  # in the private host's netns: gdpp-<bastion>
+
+
+@dataclass(frozen=True)
+class PrivateLink:
+    """``private`` reachable at ``private_address`` only through ``bastion`` (from ``bastion_address``)."""
+
+    bastion: Host
+    private: Host
+
+    @property
+    def subnet(self) -> str:
+        return f"10.232.{self.private.index}.0/24"
+
+    @property
+    def bastion_address(self) -> str:
+        return f"10.232.{self.private.index}.1"
+
+    @property
+    def private_address(self) -> str:
+        """e.g. 10.232.3.2 for lab3."""
+        return f"10.232.{self.private.index}.2"
+
+    @property
+    def private_name(self) -> str:
+        """The private address's name in every host's /etc/hosts and in known_hosts: ``lab3-private``."""
+        return f"{self.private.name}-private"
+
+    @property
+    def bastion_ifname(self) -> str:
+        return PRIVATE_BASTION_PREFIX + self.private.name
+
+    @property
+    def private_ifname(self) -> str:
+        return PRIVATE_HOST_PREFIX + self.bastion.name
+
+
 def lab_hosts(count: int) -> list[Host]:
     """lab1 .. lab<count>."""
     if not 1 <= count <= MAX_HOSTS:

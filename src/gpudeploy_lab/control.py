@@ -1,18 +1,20 @@
-"""lab up / down / status: the whole lab, composed from host.py's per-host steps."""
+"""lab up / down / status / private links: the whole lab, composed from host.py's per-host steps."""
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import shutil
+import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from gpudeploy_lab import config, host, rootfs
-from gpudeploy_lab.config import Host, host_named, lab_hosts, repo_root
+from gpudeploy_lab.config import Host, PrivateLink, host_named, lab_hosts, repo_root
 from gpudeploy_lab.sshclient import SSH_FAILED, ensure_key, ssh, write_known_hosts
 from gpudeploy_lab.system import (
     LabError,
@@ -117,6 +119,8 @@ def leftovers() -> list[str]:
             found.append(f"cgroup {cgroup} (pids: {cgroup_pids(cgroup) or 'none'})")
     if config.RUN_DIR.exists():
         found.append(f"directory {config.RUN_DIR}")
+    if host.private_route_present():
+        found.append(f"route unreachable {config.PRIVATE_ROUTE}")
     return found
 
 
@@ -150,9 +154,17 @@ def running_hosts() -> list[Host]:
 
 # --- up -------------------------------------------------------------------------------------------
 
-def up(count: int = 3, repo: Path | None = None, timeout: float = 120) -> list[HostStatus]:
-    """Make lab1..lab<count> run and be ready; hosts already running stay as they are."""
+def up(count: int = 3, repo: Path | None = None, timeout: float = 120,
+       private: Sequence[tuple[str, str]] = ()) -> list[HostStatus]:
+    """Make lab1..lab<count> run and be ready; hosts already running stay as they are.
+
+    ``private``: (bastion, host) pairs to connect with :func:`add_private_link` once all are ready.
+    """
     wanted = lab_hosts(count)
+    links = [_private_link(a, b) for a, b in private]
+    for lk in links:
+        if lk.bastion not in wanted or lk.private not in wanted:
+            raise ValueError(f"--private {lk.bastion.name}:{lk.private.name}: both must be among lab1..lab{count}")
     ensure_tools()
     with _locked():
         started = time.monotonic()
@@ -165,15 +177,116 @@ def up(count: int = 3, repo: Path | None = None, timeout: float = 120) -> list[H
         host.ensure_bridge()
         for h in new:
             host.prepare(h, base, authorized_key)
-        for h in every:
-            host.write_etc_hosts(h, every)
-        write_known_hosts((h, host.host_public_key(h)) for h in every)
+        _write_names(every)  # keeps the private links among kept hosts in /etc/hosts and known_hosts
         for h in new:
             host.start(h, repo or repo_root())
         print(f"lab: {len(new)} host(s) booting, {len(keep)} already up", flush=True)
         statuses = [_wait_ready(h, started + timeout) for h in every]
         print(f"lab: {len(every)} host(s) ready in {time.monotonic() - started:.1f} s", flush=True)
+        for lk in links:
+            _connect(lk, every, max(10.0, started + timeout - time.monotonic()))
         return statuses
+
+
+def _write_names(hosts: list[Host]) -> None:
+    """/etc/hosts of every host and the lab's known_hosts, with the private links that exist now."""
+    links = host.private_links(hosts)
+    for h in hosts:
+        host.write_etc_hosts(h, hosts, links)
+    write_known_hosts(((h, host.host_public_key(h)) for h in hosts), links)
+
+
+# --- private links (a bastion topology) -----------------------------------------------------------
+
+def parse_pairs(text: str) -> list[tuple[str, str]]:
+    """``lab2:lab3,lab2:lab4`` -> [("lab2", "lab3"), ("lab2", "lab4")]."""
+    pairs = []
+    for item in filter(None, (p.strip() for p in text.split(","))):
+        bastion, sep, private = item.partition(":")
+        if not sep or not bastion or not private:
+            raise ValueError(f"--private wants BASTION:HOST[,BASTION:HOST...], not {item!r}")
+        pairs.append((bastion, private))
+    return pairs
+
+
+def _private_link(bastion: str | Host, private: str | Host) -> PrivateLink:
+    a = bastion if isinstance(bastion, Host) else host_named(bastion)
+    b = private if isinstance(private, Host) else host_named(private)
+    if a is None or b is None:
+        raise ValueError(f"not lab host names: {bastion!r}, {private!r}")
+    if a == b:
+        raise ValueError(f"a host cannot be its own bastion: {a.name}")
+    return PrivateLink(a, b)
+
+
+def add_private_link(bastion: str | Host, private: str | Host, timeout: float = 15) -> PrivateLink:
+    """Put ``private`` behind ``bastion``: a veth pair between their network namespaces only, on
+    10.232.<private's index>.0/24 (``bastion`` .1, ``private`` .2, e.g. lab2:lab3 -> 10.232.3.1 and
+    10.232.3.2). The main machine routes 10.232.0.0/16 nowhere and no host forwards, so the private
+    address answers only from the bastion: ``ssh -J``/ProxyJump through it, or a process on it. The
+    bridge addresses stay as they are (``private`` keeps 10.231.0.1N too). Idempotent; ``lab down``
+    (and the sweep after a crash) removes it with the hosts' namespaces, and the route.
+
+    Every host's /etc/hosts gets ``10.232.3.2 lab3-private``; known_hosts lists the private address
+    and name with ``private``'s host key (and the bastion's private address with the bastion's).
+    Returns once ``ssh`` through the bastion to the private address works and a direct connection
+    from the main machine is refused.
+    """
+    link = _private_link(bastion, private)
+    with _locked():
+        return _connect(link, running_hosts(), timeout)
+
+
+def remove_private_link(bastion: str | Host, private: str | Host) -> None:
+    """Undo :func:`add_private_link` (nothing happens if the link does not exist)."""
+    link = _private_link(bastion, private)
+    with _locked():
+        host.disconnect_private(link)
+        running = running_hosts()
+        _write_names(running)
+        if not host.private_links(running):
+            host.remove_private_route()
+
+
+def private_links() -> list[PrivateLink]:
+    """The private links between running hosts."""
+    return host.private_links(running_hosts())
+
+
+def _direct_connect_error(address: str, port: int = 22) -> int:
+    """errno of a TCP connect from the main machine (0: it connected)."""
+    try:
+        with socket.create_connection((address, port), timeout=2):
+            return 0
+    except OSError as exc:
+        return exc.errno or errno.ETIMEDOUT
+
+
+def _connect(link: PrivateLink, running: list[Host], timeout: float) -> PrivateLink:
+    deadline = time.monotonic() + timeout
+    for h in (link.bastion, link.private):
+        if h not in running:
+            raise LabError(f"private link {link.bastion.name}:{link.private.name}: {h.name} is not up")
+    for other in host.private_links(running):
+        if other.private == link.private and other != link:
+            raise LabError(f"{link.private.name} is already behind {other.bastion.name}")
+    host.ensure_private_route()
+    built = host.connect_private(link)
+    _write_names(running)
+    direct = _direct_connect_error(link.private_address)
+    if direct not in (errno.EHOSTUNREACH, errno.ENETUNREACH):
+        seen = os.strerror(direct) if direct else "connected"
+        raise LabError(f"the main machine reaches {link.private_address} directly ({seen}): expected no route to host")
+    while True:
+        res = ssh(link.private_address, "true", timeout=5, jump=link.bastion.address)
+        if res.returncode == 0:
+            break
+        if time.monotonic() > deadline:
+            raise LabError(f"no ssh to {link.private_address} through {link.bastion.name}: {res.stderr.strip()}")
+        time.sleep(0.2)
+    print(f"lab: {link.private.name} at {link.private_address} ({link.private_name}) only through "
+          f"{link.bastion.name} ({link.bastion_address}){'' if built else ', already there'}", flush=True)
+    return link
 
 
 def _wait_ready(h: Host, deadline: float) -> HostStatus:
@@ -211,6 +324,7 @@ def down() -> None:
         hosts = traced_hosts()
         _sweep(hosts)
         host.remove_bridge()
+        host.remove_private_route()  # the private links went with the hosts' network namespaces
         for cgroup in config.CGROUP_ROOTS:
             remove_cgroup_tree(cgroup)
         if config.RUN_DIR.exists():

@@ -4,6 +4,9 @@
     start()    systemd-nspawn --boot in the host's own cgroup, detached, console to a log file
     stop()     SIGTERM to nspawn (clean poweroff); cgroup.kill if that does not end everything
     release()  unmount, delete netns/veth/cgroups/dirs: also sweeps what a crashed run left
+
+    connect_private()  a veth pair between two hosts' netns only (a bastion and the host behind it);
+                       it goes away with either netns, so release() removes it too
 """
 
 from __future__ import annotations
@@ -14,10 +17,11 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from gpudeploy_lab import config, engine
-from gpudeploy_lab.config import Host
+from gpudeploy_lab.config import Host, PrivateLink, host_named
 from gpudeploy_lab.system import (
     LabError,
     cgroup_kill,
@@ -67,6 +71,91 @@ def _setup_network(host: Host) -> None:
     run([*ns, "link", "set", "eth0", "up"])
 
 
+# --- private links (bastion topology) ------------------------------------------------------------
+
+def _netns_links(netns: str) -> list[tuple[str, str]]:
+    """(name, flags) of every link in a named netns; [] when the netns does not exist."""
+    res = run(["ip", "-n", netns, "-o", "link", "show"], check=False)
+    if res.returncode != 0:
+        return []
+    out = []
+    for line in res.stdout.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) == 3:
+            out.append((parts[1].strip().split("@", 1)[0], parts[2].split(">", 1)[0]))
+    return out
+
+
+def _link_up_with(netns: str, ifname: str, address: str) -> bool:
+    flags = dict(_netns_links(netns)).get(ifname)
+    if flags is None or "LOWER_UP" not in flags or ",UP" not in flags + ",":
+        return False
+    res = run(["ip", "-n", netns, "-o", "-4", "addr", "show", "dev", ifname], check=False)
+    return res.returncode == 0 and f" {address}/24 " in res.stdout
+
+
+def private_link_ok(link: PrivateLink) -> bool:
+    """Both ends exist, are up and carry their addresses."""
+    return (_link_up_with(link.bastion.netns, link.bastion_ifname, link.bastion_address)
+            and _link_up_with(link.private.netns, link.private_ifname, link.private_address))
+
+
+def connect_private(link: PrivateLink) -> bool:
+    """Make ``link`` (idempotent: an intact link is kept, a partial one is rebuilt); True if built now.
+
+    Created inside the bastion's netns with its peer moved straight into the private host's netns,
+    so nothing of it ever exists in the main machine's namespace. Neither netns forwards (the
+    kernel's default ip_forward=0 in a new netns): the bastion relays only what its sshd relays.
+    """
+    if private_link_ok(link):
+        return False
+    disconnect_private(link)
+    a, b = link.bastion.netns, link.private.netns
+    run(["ip", "-n", a, "link", "add", link.bastion_ifname, "type", "veth",
+         "peer", "name", link.private_ifname, "netns", b])
+    run(["ip", "-n", a, "addr", "add", f"{link.bastion_address}/24", "dev", link.bastion_ifname])
+    run(["ip", "-n", b, "addr", "add", f"{link.private_address}/24", "dev", link.private_ifname])
+    run(["ip", "-n", a, "link", "set", link.bastion_ifname, "up"])
+    run(["ip", "-n", b, "link", "set", link.private_ifname, "up"])
+    if not wait_until(lambda: private_link_ok(link), 5, interval=0.02):
+        raise LabError(f"private link {link.bastion.name} -> {link.private.name} did not come up")
+    return True
+
+
+def disconnect_private(link: PrivateLink) -> None:
+    """Delete both ends by their exact names, if present (deleting one end deletes the pair)."""
+    for netns, ifname in ((link.bastion.netns, link.bastion_ifname), (link.private.netns, link.private_ifname)):
+        if ifname in dict(_netns_links(netns)):
+            run(["ip", "-n", netns, "link", "del", ifname], check=False)
+
+
+def private_links(hosts: list[Host]) -> list[PrivateLink]:
+    """The private links that exist now between ``hosts`` (read from the bastions' netns)."""
+    wanted = set(hosts)
+    links = []
+    for h in hosts:
+        for name, _flags in _netns_links(h.netns):
+            other = host_named(name.removeprefix(config.PRIVATE_BASTION_PREFIX))
+            if name.startswith(config.PRIVATE_BASTION_PREFIX) and other in wanted and other is not None:
+                links.append(PrivateLink(h, other))
+    return sorted(links, key=lambda lk: (lk.private.index, lk.bastion.index))
+
+
+def private_route_present() -> bool:
+    res = run(["ip", "-o", "route", "show", "exact", config.PRIVATE_ROUTE, "type", "unreachable"], check=False)
+    return res.returncode == 0 and bool(res.stdout.strip())
+
+
+def ensure_private_route() -> None:
+    """On the main machine: 10.232.0.0/16 is unreachable (an immediate error, not the default route)."""
+    run(["ip", "route", "replace", "unreachable", config.PRIVATE_ROUTE])
+
+
+def remove_private_route() -> None:
+    if private_route_present():
+        run(["ip", "route", "del", "unreachable", config.PRIVATE_ROUTE], check=False)
+
+
 # --- files ----------------------------------------------------------------------------------------
 
 def gpus_json(host: Host) -> str:
@@ -81,15 +170,17 @@ def gpus_json(host: Host) -> str:
     return json.dumps({"driver_version": config.DRIVER_VERSION, "gpus": gpus}, indent=2) + "\n"
 
 
-def etc_hosts(hosts: list[Host]) -> str:
+def etc_hosts(hosts: list[Host], links: Sequence[PrivateLink] = ()) -> str:
+    """Every lab host by name at its bridge address, and each private address as ``labN-private``."""
     lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
     lines += [f"{h.address}\t{h.name}" for h in sorted(hosts, key=lambda h: h.index)]
+    lines += [f"{lk.private_address}\t{lk.private_name}" for lk in links]
     return "\n".join(lines) + "\n"
 
 
-def write_etc_hosts(host: Host, hosts: list[Host]) -> None:
+def write_etc_hosts(host: Host, hosts: list[Host], links: Sequence[PrivateLink] = ()) -> None:
     """(Re)write /etc/hosts through the mounted root; a running host sees it at once."""
-    write_file(host.root / "etc/hosts", etc_hosts(hosts))
+    write_file(host.root / "etc/hosts", etc_hosts(hosts, links))
 
 
 def host_public_key(host: Host) -> str:

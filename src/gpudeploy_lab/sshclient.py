@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import shlex
 import subprocess
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from gpudeploy_lab import config
-from gpudeploy_lab.config import Host
+from gpudeploy_lab.config import Host, PrivateLink
 from gpudeploy_lab.system import run, write_file
 
 SSH_FAILED = 255  # ssh's own exit status; any other comes from the remote command
@@ -20,25 +21,47 @@ def ensure_key() -> str:
     return config.SSH_KEY.with_suffix(".pub").read_text()
 
 
-def write_known_hosts(keys: Iterable[tuple[Host, str]]) -> None:
-    """One line per host, valid for its name and its address: ``lab1,10.231.0.11 ssh-ed25519 AAAA``."""
-    lines = [f"{h.name},{h.address} ssh-ed25519 {key}" for h, key in sorted(keys, key=lambda hk: hk[0].index)]
+def known_host_names(h: Host, links: Sequence[PrivateLink] = ()) -> list[str]:
+    """The names a host's key is valid for: name, bridge address, and its private-link addresses."""
+    names = [h.name, h.address]
+    for lk in links:
+        if lk.private == h:
+            names += [lk.private_name, lk.private_address]
+        if lk.bastion == h:
+            names.append(lk.bastion_address)
+    return names
+
+
+def write_known_hosts(keys: Iterable[tuple[Host, str]], links: Sequence[PrivateLink] = ()) -> None:
+    """One line per host, valid for its name and addresses: ``lab1,10.231.0.11 ssh-ed25519 AAAA``;
+    a host behind a bastion also as ``lab3,10.231.0.13,lab3-private,10.232.3.2 ...``."""
+    lines = [f"{','.join(known_host_names(h, links))} ssh-ed25519 {key}"
+             for h, key in sorted(keys, key=lambda hk: hk[0].index)]
     write_file(config.KNOWN_HOSTS, "".join(line + "\n" for line in lines))
 
 
-def ssh_argv(address: str, command: str, connect_timeout: float = 3) -> list[str]:
-    return ["ssh", "-F", "/dev/null", "-i", str(config.SSH_KEY), "-o", "IdentitiesOnly=yes",
+def _options(connect_timeout: float) -> list[str]:
+    return ["-F", "/dev/null", "-i", str(config.SSH_KEY), "-o", "IdentitiesOnly=yes",
             "-o", "BatchMode=yes", "-o", f"UserKnownHostsFile={config.KNOWN_HOSTS}",
             "-o", "GlobalKnownHostsFile=/dev/null", "-o", "StrictHostKeyChecking=yes",
-            "-o", f"ConnectTimeout={connect_timeout:g}", "-o", "LogLevel=ERROR",
-            f"root@{address}", command]
+            "-o", f"ConnectTimeout={connect_timeout:g}", "-o", "LogLevel=ERROR"]
 
 
-def ssh(address: str, command: str, timeout: float = 30,
-        input: str | None = None) -> subprocess.CompletedProcess[str]:
-    """Run ``command`` on a lab host; returncode 255 means ssh itself failed."""
+def ssh_argv(address: str, command: str, connect_timeout: float = 3, jump: str | None = None) -> list[str]:
+    """``ssh`` to ``root@address``; with ``jump`` (a bastion's address) through it, ``ssh -W``, both
+    hops with the lab's key and strict checking against the lab's known_hosts."""
+    argv = ["ssh", *_options(connect_timeout)]
+    if jump is not None:
+        hop = ["ssh", *_options(connect_timeout), "-W", "%h:%p", f"root@{jump}"]
+        argv += ["-o", "ProxyCommand=" + " ".join(shlex.quote(a) for a in hop)]
+    return [*argv, f"root@{address}", command]
+
+
+def ssh(address: str, command: str, timeout: float = 30, input: str | None = None,
+        jump: str | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``command`` on a lab host (through ``jump`` if given); returncode 255: ssh itself failed."""
     try:
-        return subprocess.run(ssh_argv(address, command), input=input, capture_output=True, text=True,
-                              timeout=timeout, check=False)
+        return subprocess.run(ssh_argv(address, command, jump=jump), input=input, capture_output=True,
+                              text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired as exc:
         return subprocess.CompletedProcess(exc.cmd, SSH_FAILED, "", f"timed out after {timeout:.0f} s")

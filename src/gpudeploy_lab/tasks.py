@@ -1,5 +1,5 @@
-"""invoke tasks: ``invoke lab.up --hosts 3``, ``invoke lab.down``, ``invoke lab.status``, ``invoke lab.engine``,
-``invoke lab.router``."""
+"""invoke tasks: ``invoke lab.up --hosts 3 [--private lab2:lab3]``, ``invoke lab.down``, ``invoke lab.status``,
+``invoke lab.engine``, ``invoke lab.router``, ``invoke lab.private --bastion lab2 --host lab3 [--remove]``."""
 
 from __future__ import annotations
 
@@ -12,13 +12,27 @@ from gpudeploy_lab import control, engine
 from gpudeploy_lab.system import LabError
 
 
-@task(help={"hosts": "how many hosts: lab1..labN (default 3)"})
-def up(c: Context, hosts: int = 3) -> None:
+@task(help={"hosts": "how many hosts: lab1..labN (default 3)",
+            "private": "BASTION:HOST[,...]: HOST reachable at 10.232.<N>.2 only through BASTION"})
+def up(c: Context, hosts: int = 3, private: str = "") -> None:
     """Boot lab hosts (systemd + sshd) and wait until they are ready."""
     try:
-        control.up(hosts)
+        control.up(hosts, private=control.parse_pairs(private))
     except (LabError, ValueError) as exc:
         raise Exit(f"lab up failed: {exc}", code=1) from exc
+
+
+@task(help={"bastion": "the host that relays (e.g. lab2)", "host": "the host behind it (e.g. lab3)",
+            "remove": "take the private link away again"})
+def private(c: Context, bastion: str, host: str, remove: bool = False) -> None:
+    """Put a running host behind a bastion: reachable at 10.232.<N>.2 (labN-private) only through it."""
+    try:
+        if remove:
+            control.remove_private_link(bastion, host)
+        else:
+            control.add_private_link(bastion, host)
+    except (LabError, ValueError) as exc:
+        raise Exit(f"lab private failed: {exc}", code=1) from exc
 
 
 @task
@@ -38,6 +52,8 @@ def status(c: Context) -> None:
         print(st.line())
     if not statuses:
         print("lab: no hosts")
+    for lk in control.private_links():
+        print(f"{lk.private.name:<6} private {lk.private_address} ({lk.private_name}) only through {lk.bastion.name}")
 
 
 @task(name="engine")
@@ -58,5 +74,5 @@ def router(c: Context) -> None:
         raise Exit(f"lab router failed: {exc}", code=1) from exc
 
 
-lab_collection = Collection("lab", up, down, status, engine_, router)
+lab_collection = Collection("lab", up, down, status, engine_, router, private)
 ns = lab_collection

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import http.client
 import json
 import os
@@ -10,7 +12,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,32 @@ def wait_for(cond: Callable[[], Any], timeout: float = 10.0, interval: float = 0
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout} s: {cond}")
         time.sleep(interval)
+
+
+CLONE_NEWNET = 0x40000000
+
+
+class NoNetns(Exception):
+    """No network namespace can be made here (not root)."""
+
+
+@contextlib.contextmanager
+def own_netns() -> Iterator[None]:
+    """Run the calling thread (and every process it starts) in a new network namespace that has only
+    ``lo``, up; back to the original one afterwards. The namespace dies with its last process."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    home = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    try:
+        if libc.unshare(CLONE_NEWNET) != 0:
+            raise NoNetns(os.strerror(ctypes.get_errno()))
+        try:
+            subprocess.run(["ip", "link", "set", "lo", "up"], check=True, timeout=10)
+            yield
+        finally:
+            if libc.setns(home, CLONE_NEWNET) != 0:
+                raise OSError(ctypes.get_errno(), "setns back to the original network namespace failed")
+    finally:
+        os.close(home)
 
 
 def free_port() -> int:

@@ -9,9 +9,7 @@ built (``python -m gpudeploy_lab router``) or no network namespace can be made (
 
 from __future__ import annotations
 
-import ctypes
 import json
-import os
 import signal
 import subprocess
 import time
@@ -19,42 +17,31 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from standin_support import Lab, Proc, free_port, http_get, http_post, wait_for
+from standin_support import Lab, NoNetns, Proc, free_port, http_get, http_post, own_netns, wait_for
 
 from gpudeploy_lab import engine
 
 pytestmark = pytest.mark.router
 
-CLONE_NEWNET = 0x40000000
 ROUTER_READY_S = 20.0  # stand-ins ready in ~0.5 s; the router retries a worker ~1 s apart
 
 
 @pytest.fixture
 def loopback_only() -> Iterator[None]:
-    """Move this test's thread (and so every process it starts) into a new network namespace with
-    only ``lo`` up; move it back afterwards. The namespace dies with its last process."""
+    """This test and every process it starts in a network namespace of its own with only ``lo``."""
     if not engine.ROUTER.is_built():
         pytest.skip(f"the real router venv is not built ({engine.ROUTER.base_dir} has no .complete): "
                     "run `python -m gpudeploy_lab router`")
-    libc = ctypes.CDLL(None, use_errno=True)
-    home = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
     try:
-        if libc.unshare(CLONE_NEWNET) != 0:
-            err = ctypes.get_errno()
-            pytest.skip(f"cannot make a network namespace ({os.strerror(err)}): the real router may only "
-                        "run where nothing outside is reachable")
-        try:
-            subprocess.run(["ip", "link", "set", "lo", "up"], check=True, timeout=10)
+        with own_netns():
             links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True, timeout=10)
             routes = subprocess.run(["ip", "-4", "route", "show"], capture_output=True, text=True, timeout=10)
             assert [ln.split(":")[1].strip() for ln in links.stdout.splitlines()] == ["lo"], links.stdout
             assert routes.stdout.strip() == "", routes.stdout  # no route anywhere but lo's own table
             yield
-        finally:
-            if libc.setns(home, CLONE_NEWNET) != 0:
-                raise OSError(ctypes.get_errno(), "setns back to the original network namespace failed")
-    finally:
-        os.close(home)
+    except NoNetns as exc:
+        pytest.skip(f"cannot make a network namespace ({exc}): the real router may only run where nothing "
+                    "outside is reachable")
 
 
 def router_env() -> dict[str, str]:

@@ -1,0 +1,113 @@
+"""A tiny SSH server for tests that must not touch the lab: publickey auth, ``exec``, ``direct-tcpip``.
+
+    python fake_sshd.py ADDRESS PORT HOST_KEY AUTHORIZED_PUBKEY NAME
+
+Prints ``listening`` once bound. ``exec`` of ``true`` exits 0, ``hostname`` prints NAME, anything else
+exits 127. ``direct-tcpip`` (what ``ssh -W`` / ProxyJump asks of a bastion) connects from this
+process's network namespace and relays bytes both ways. Runs until killed.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import socket
+import sys
+import threading
+from typing import Any
+
+import paramiko
+
+
+class Server(paramiko.ServerInterface):
+    def __init__(self, authorized: paramiko.PKey, name: str) -> None:
+        self.authorized = authorized
+        self.name = name
+        self.commands: dict[int, bytes] = {}
+        self.event = threading.Event()
+
+    def get_allowed_auths(self, username: str) -> str:
+        return "publickey"
+
+    def check_auth_publickey(self, username: str, key: paramiko.PKey) -> int:
+        ok = username == "root" and key.get_base64() == self.authorized.get_base64()
+        return paramiko.AUTH_SUCCESSFUL if ok else paramiko.AUTH_FAILED
+
+    def check_channel_request(self, kind: str, chanid: int) -> int:
+        return paramiko.OPEN_SUCCEEDED if kind == "session" else paramiko.OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED
+
+    def check_channel_direct_tcpip_request(self, chanid: int, origin: Any, destination: tuple[str, int]) -> int:
+        self.commands[chanid] = b"direct-tcpip %s %d" % (destination[0].encode(), destination[1])
+        return paramiko.OPEN_SUCCEEDED
+
+    def check_channel_exec_request(self, channel: paramiko.Channel, command: bytes) -> bool:
+        self.commands[channel.get_id()] = command
+        self.event.set()
+        return True
+
+
+def pump(src: Any, dst: Any) -> None:
+    try:
+        while True:
+            data = src.recv(65536)
+            if not data:
+                break
+            dst.sendall(data)
+    except OSError:
+        pass
+    finally:
+        for end in (src, dst):
+            with contextlib.suppress(OSError):
+                end.close()
+
+
+def serve(conn: socket.socket, host_key: paramiko.PKey, authorized: paramiko.PKey, name: str) -> None:
+    transport = paramiko.Transport(conn)
+    transport.add_server_key(host_key)
+    server = Server(authorized, name)
+    transport.start_server(server=server)
+    while transport.is_active():
+        chan = transport.accept(timeout=30)
+        if chan is None:
+            break
+        command = server.commands.get(chan.get_id(), b"")
+        if command.startswith(b"direct-tcpip "):
+            _, addr, port = command.decode().split()
+            try:
+                target = socket.create_connection((addr, int(port)), timeout=5)
+            except OSError:
+                chan.close()
+                continue
+            threading.Thread(target=pump, args=(chan, target), daemon=True).start()
+            threading.Thread(target=pump, args=(target, chan), daemon=True).start()
+            continue
+        server.event.wait(5)
+        command = server.commands.get(chan.get_id(), b"")
+        if command == b"true":
+            chan.send_exit_status(0)
+        elif command == b"hostname":
+            chan.sendall((name + "\n").encode())
+            chan.send_exit_status(0)
+        else:
+            chan.send_exit_status(127)
+        chan.close()
+
+
+def main() -> None:
+    address, port, key_file, authorized_file, name = sys.argv[1:6]
+    host_key = paramiko.Ed25519Key.from_private_key_file(key_file)
+    with open(authorized_file) as f:
+        blob = f.read().split()[1]
+    authorized = paramiko.Ed25519Key(data=base64.b64decode(blob))
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind((address, int(port)))
+    listener.listen()
+    print("listening", flush=True)
+    while True:
+        conn, _ = listener.accept()
+        threading.Thread(target=serve, args=(conn, host_key, authorized, name), daemon=True).start()
+
+
+if __name__ == "__main__":
+    main()
