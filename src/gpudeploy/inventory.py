@@ -41,8 +41,11 @@ from .model import (
 from .yamlsrc import Checker, LineMap, load_yaml
 
 HOST_KEYS = {"address", "ssh", "numa_nodes", "gpu_memory_gib", "engine_versions", "python", "deployment",
+             "supervisor", "connection",
              "bind_address", "numa_policy", "env", "roles"}
 NUMA_POLICIES = ("bind", "preferred", "interleave", "none")
+SUPERVISORS = ("auto", "systemd", "process")
+CONNECTIONS = ("ssh", "local")
 DEFAULT_KEYS = HOST_KEYS - {"address", "numa_nodes", "roles", "deployment"}
 ROLE_KEYS = {"engine", "description", "tp_size", "gpus", "allow_span_numa", "version", "model",
              "settings", "extra_args", "argv", "ports", "upstreams", "env", "secret_env", "health",
@@ -116,10 +119,10 @@ def _host(name: str, raw: Any, defaults: Checker, problems: list[Problem], file:
     c = Checker(raw, problems, file, host=name, line=line)
     c.unknown_keys(HOST_KEYS)
 
-    def pick(key: str, kind: Any, default: Any) -> Any:
+    def pick(key: str, kind: Any, default: Any, check: Any = None) -> Any:
         if key in c.data:
-            return c.get(key, kind, default=default)
-        return defaults.get(key, kind, default=default)
+            return c.get(key, kind, default=default, check=check)
+        return defaults.get(key, kind, default=default, check=check)
 
     address = c.get("address", str, required=True, default=name)
     host_deployment = c.get("deployment", str, default=default_deployment,
@@ -226,6 +229,10 @@ def _host(name: str, raw: Any, defaults: Checker, problems: list[Problem], file:
         bind_address=pick("bind_address", str, "0.0.0.0"),  # noqa: S104 - servers must be reachable
         numa_policy=_numa_policy(pick("numa_policy", str, "bind"), c),
         env=env, placements=tuple(placements), where=Where(file, line), deployment=host_deployment,
+        supervisor=pick("supervisor", str, "auto", lambda v: None if v in SUPERVISORS else
+                        f"one of {', '.join(SUPERVISORS)}"),
+        connection=pick("connection", str, "ssh", lambda v: None if v in CONNECTIONS else
+                        f"one of {', '.join(CONNECTIONS)}"),
     )
 
 

@@ -76,6 +76,8 @@ class Host:
     placements: tuple[PlacementRequest, ...]
     where: Where | None = None
     deployment: str = "default"  # the deployment its placements belong to unless they say otherwise
+    supervisor: str = "auto"  # systemd, process (no systemd there), or auto: what the host runs
+    connection: str = "ssh"  # ssh, or local: gpudeploy runs on this host itself
 
     @property
     def gpus(self) -> tuple[int, ...]:

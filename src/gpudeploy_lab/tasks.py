@@ -15,8 +15,9 @@ from gpudeploy_lab.system import LabError
 @task(help={"hosts": "how many hosts: lab1..labN (default 3)",
             "private": "BASTION:HOST[,...]: HOST reachable at 10.232.<N>.2 only through BASTION"})
 def up(c: Context, hosts: int = 3, private: str = "") -> None:
-    """Boot lab hosts (systemd + sshd) and wait until they are ready."""
+    """Boot lab hosts (systemd + sshd), with the real sglang-router they run, and wait until ready."""
     try:
+        engine.ensure_router()  # ~8 s once, then cached: inventory/lab.yml's router is the real one
         control.up(hosts, private=control.parse_pairs(private))
     except (LabError, ValueError) as exc:
         raise Exit(f"lab up failed: {exc}", code=1) from exc

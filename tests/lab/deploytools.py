@@ -37,8 +37,9 @@ def standin_role(fault: str | None = None, *, tp: int = 2, speed: float = 0.3, t
 
 
 def write_inventory(root: Path, *, deployment: str, hosts: dict[str, tuple[str, list[Any]]],
-                    roles: dict[str, dict[str, Any]], connect_timeout_s: float = 5) -> Path:
-    """hosts: name -> (address, roles placed). Returns the inventory path."""
+                    roles: dict[str, dict[str, Any]], connect_timeout_s: float = 5,
+                    host_settings: dict[str, dict[str, Any]] | None = None) -> Path:
+    """hosts: name -> (address, roles placed); host_settings: name -> more keys of that host."""
     (root / "roles").mkdir(parents=True, exist_ok=True)
     for name, role in roles.items():
         (root / "roles" / f"{name}.yml").write_text(yaml.safe_dump(role, sort_keys=False))
@@ -48,7 +49,7 @@ def write_inventory(root: Path, *, deployment: str, hosts: dict[str, tuple[str, 
                              "connect_timeout_s": connect_timeout_s},
                      "gpu_memory_gib": 96, "engine_versions": {"sglang": "0.5.23", "sglang_router": "0.3.2"},
                      "python": "/usr/bin/python3", "numa_policy": "none"},
-        "hosts": {name: {"address": addr, "numa_nodes": NUMA, "roles": placed}
+        "hosts": {name: {"address": addr, "numa_nodes": NUMA, "roles": placed, **(host_settings or {}).get(name, {})}
                   for name, (addr, placed) in hosts.items()},
     }
     path = root / "hosts.yml"
@@ -105,11 +106,11 @@ class Deployments:
 
     def inventory(self, name: str, roles: dict[str, dict[str, Any]], host: str = "lab2",
                   placed: list[Any] | None = None, extra_hosts: dict[str, tuple[str, list[Any]]] | None = None,
-                  connect_timeout_s: float = 5) -> Path:
+                  connect_timeout_s: float = 5, host_settings: dict[str, dict[str, Any]] | None = None) -> Path:
         hosts = {host: (self.lab.address_of(host), placed if placed is not None else list(roles))}
         hosts.update(extra_hosts or {})
         path = write_inventory(self.root / name, deployment=name, hosts=hosts, roles=roles,
-                               connect_timeout_s=connect_timeout_s)
+                               connect_timeout_s=connect_timeout_s, host_settings=host_settings)
         self.made.append(path)
         return path
 

@@ -23,15 +23,18 @@ def test_pd_pair_and_router_deploy_serve_redeploy_and_teardown(lab: Lab) -> None
     try:
         res = gd("deploy", "--inventory", inv, "--host", "lab1")
         assert res.returncode == 0, res.stdout + res.stderr
-        for role, port in (("prefill", 30000), ("decode", 30010), ("router", 8000)):
+        for role, port in (("prefill", 30000), ("decode", 30010), ("lab-router", 8000)):
             assert f"lab1/{role}: started" in res.stdout, res.stdout
             assert f"http://10.231.0.11:{port}" in res.stdout
         assert "memory: weights" in res.stdout  # the figures the engine logged
+        # The deployment's own gate: a real generation through the real router, with its timing.
+        assert re.search(r"deployment lab: READY\n    smoke /generate through lab1/lab-router: TTFT \d+\.\d+ s, "
+                         r"total \d+\.\d+ s, text '\w", res.stdout), res.stdout
         # A real generation through the router (prefill + decode), not just /health.
         code, body = http("http://10.231.0.11:8000/v1/completions",
                           {"model": "qwen3-235b", "prompt": "hello there", "max_tokens": 8})
         assert code == 200 and '"text"' in body, body
-        before = {u: main_pid(lab, "lab1", f"gpudeploy-lab.{u}.service") for u in ("prefill", "decode", "router")}
+        before = {u: main_pid(lab, "lab1", f"gpudeploy-lab.{u}.service") for u in ("prefill", "decode", "lab-router")}
 
         status = status_json(Path(inv), "--host", "lab1")
         units = {u["role"]: u for u in status["hosts"]["lab1"]["units"]}

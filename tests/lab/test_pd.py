@@ -16,8 +16,11 @@ from conftest import Lab
 from deploytools import Deployments, gd, http, standin_role, status_json
 
 from gpudeploy.plan import unit_name
+from gpudeploy_lab import control, engine
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.skipif(not engine.ROUTER.is_built(),
+                                                  reason="the lab's sglang-router venv is not built "
+                                                         "(python -m gpudeploy_lab engine)")]
 
 MODEL = {"path": "/models/tiny"}
 
@@ -28,7 +31,10 @@ def pd_roles(decode_fault: str | None = None, *, router: dict[str, Any] | None =
     if prefill_port:
         pre["ports"] = {"http": prefill_port, "nccl": prefill_port + 5, "bootstrap": prefill_port + 7}
     dec = standin_role(decode_fault, settings={"disaggregation_mode": "decode"}, model=MODEL)
+    # The real sglang-router (built by `python -m gpudeploy_lab engine`); --disable-circuit-breaker
+    # so a fault test sees the engines' own answers (shared/reference/sglang-router.md).
     rt = {"engine": "sglang_router", "upstreams": {"prefill": ["pre"], "decode": ["dec"]},
+          "python": engine.ROUTER_GUEST_PYTHON, "extra_args": ["--disable-circuit-breaker"],
           "health": {"timeout_s": 60}, "stop_timeout_s": 5, **(router or {})}
     return {"pre": pre, "dec": dec, "rt": rt}
 
@@ -123,3 +129,22 @@ def test_plan_refuses_a_pair_that_would_hang(tmp_path: Path, deployments: Deploy
     res = gd("deploy", "--inventory", str(inv), "--host", "lab2")
     assert res.returncode == 1 and "SGLANG_DISAGG_STAGING_BUFFER=1" in res.stderr, res.stdout + res.stderr
     assert "Traceback" not in res.stderr
+
+
+def test_a_host_behind_a_bastion_deploys_and_gates_with_its_port_closed_to_us(deployments: Deployments,
+                                                                           lab: Lab) -> None:
+    link = control.add_private_link("lab2", "lab3")  # lab3 answers at its private address only via lab2
+    inv = deployments.inventory("bast", {"srv": standin_role(None)}, host="lab2", placed=[],
+                                extra_hosts={"lab3": (link.private_address, ["srv"])},
+                                host_settings={"lab3": {"ssh": {"proxy_jump": "lab2", "user": "root",
+                                                                "key": "/var/lib/gpudeploy-lab/id_ed25519",
+                                                                "known_hosts": "/var/lib/gpudeploy-lab/known_hosts"}}})
+    code, _ = http(f"http://{link.private_address}:30000/health", timeout=2)
+    assert code == 0, "the engine port must not be reachable from here"
+    res = gd("deploy", "--inventory", str(inv), "--host", "lab3")
+    assert res.returncode == 0 and "lab3/srv: started" in res.stdout, res.stdout + res.stderr
+    doc = status_json(inv, "--host", "lab3")  # status (OpenSSH) goes through the bastion too
+    [unit] = doc["hosts"]["lab3"]["units"]
+    assert unit["healthy"] and unit["health"] == "200", unit
+    down = gd("teardown", "--inventory", str(inv), "--host", "lab3", "--purge")
+    assert down.returncode == 0 and "clean: no process left" in down.stdout, down.stdout

@@ -9,6 +9,7 @@ Processes are checked by the unit's cgroup and by PID (with start time), never b
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ HOST = "lab3"
 DEPLOYMENT = "vllmlab"
 ROLE = "vllm-tiny"
 BAD_ROLE = "vllm-badkv"
+ROUTER_ROLE = "vllm-router"
 UNIT = unit_name(DEPLOYMENT, ROLE)
 BAD_UNIT = unit_name(DEPLOYMENT, BAD_ROLE)
 PORT = 18000
@@ -86,7 +88,12 @@ def roles() -> dict[str, dict[str, Any]]:
     bad["ports"] = {"http": PORT + 10}
     bad["settings"]["kv_cache_memory_bytes"] = TOO_MUCH_KV
     bad["health"]["timeout_s"] = 120
-    return {ROLE: good, BAD_ROLE: bad}
+    # The real sglang-router in regular mode in front of the real engine (--worker-urls).
+    router = {"engine": "sglang_router", "python": engine.ROUTER_GUEST_PYTHON, "upstreams": {"workers": [ROLE]},
+              "ports": {"http": 8100}, "extra_args": ["--disable-circuit-breaker"],
+              "health": {"path": "/readiness", "timeout_s": 120}, "stop_timeout_s": 5,
+              "smoke": {"endpoint": "/v1/completions", "model": "tiny", "prompt": "the gpu server", "max_tokens": 8}}
+    return {ROLE: good, BAD_ROLE: bad, ROUTER_ROLE: router}
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +104,8 @@ def server(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serve
                     "older gpudeploy; `invoke lab.down && invoke lab.up --hosts 3`")
     root = tmp_path_factory.mktemp("vllm")
     address = lab.address_of(HOST)
-    inv = write_inventory(root, deployment=DEPLOYMENT, hosts={HOST: (address, [ROLE, BAD_ROLE])}, roles=roles())
+    inv = write_inventory(root, deployment=DEPLOYMENT, hosts={HOST: (address, [ROLE, BAD_ROLE, ROUTER_ROLE])},
+                          roles=roles())
     gd("teardown", "--inventory", str(inv), "--host", HOST, "--purge")  # what an aborted earlier run left
     started = time.monotonic()
     res = gd("deploy", "--inventory", str(inv), "--host", HOST, "--role", ROLE, timeout=400)
@@ -128,6 +136,20 @@ def test_deploy_gates_and_serves_a_real_completion(server: Server) -> None:
     print(f"vllm: cgroup of {UNIT}: {names}")
     assert main_pid in pids and len(pids) >= 3, names  # API server -> EngineCore -> Worker (+ tracker)
     assert set(unit["pids"]) >= {main_pid}, unit
+
+
+@pytest.mark.skipif(not engine.ROUTER.is_built(), reason="the lab's sglang-router venv is not built")
+def test_the_real_router_in_front_of_the_real_engine_passes_a_real_generation(server: Server) -> None:
+    """Real router, real engine, real generation: the smoke gate's text comes from the tiny Llama."""
+    res = gd("deploy", "--inventory", str(server.inventory), "--host", HOST, "--role", ROUTER_ROLE, timeout=300)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out
+    assert re.search(r"smoke /v1/completions through lab3/vllm-router: TTFT \d+\.\d+ s, total \d+\.\d+ s, "
+                     r"text '[a-z]", out), out
+    print(f"vllm: {next(line for line in out.splitlines() if 'smoke /v1/completions through' in line).strip()}")
+    doc = status_json(server.inventory, "--host", HOST)
+    router = next(u for u in doc["hosts"][HOST]["units"] if u["role"] == ROUTER_ROLE)
+    assert [w["healthy"] for w in router["workers"]] == [True], router
 
 
 def test_startup_failure_fails_fast_with_vllms_own_cause(server: Server) -> None:

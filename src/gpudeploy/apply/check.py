@@ -19,8 +19,10 @@ def changed_files(files: dict[str, tuple[bytes, int]], facts: dict[str, Any]) ->
     return [p for p, (data, _) in files.items() if facts["files"].get(p) != hashlib.sha256(data).hexdigest()]
 
 
-def file_diff(u: Unit, path: str, old: str) -> str:
-    new = u.files[path]  # the planned text, secrets masked
+def file_diff(u: Unit, path: str, old: str, new: str | None = None) -> str:
+    """A unified diff of the host's ``old`` text against what deploy would write (for the env file:
+    the planned text, secrets masked)."""
+    new = u.files[path] if path == u.env_path or new is None else new
     if path == u.env_path:
         old = envfile.mask(old, set(u.env))
         new = envfile.mask(new, set(u.env))
@@ -35,7 +37,7 @@ def check_unit(remote: Transport, u: Unit, files: dict[str, tuple[bytes, int]], 
     changed = changed_files(files, facts)
     for path in changed:
         old = remote.run(["cat", "--", path], check=False).stdout if facts["files"].get(path) else ""
-        diff = file_diff(u, path, old)
+        diff = file_diff(u, path, old, files[path][0].decode())
         say(f"{tag} {'would change' if old else 'would create'} {path}" + (f"\n{diff.rstrip()}" if diff else
                                                                              " (only a secret value differs)"))
     active = state.active

@@ -81,14 +81,17 @@ def calibrate(store: CalibrationStore, o: UnitOutcome) -> None:
     store.put(o.unit.host.name, str(o.unit.role.model.get("path", o.unit.role.name)), o.unit.role.settings, measured)
 
 
-def desired_files(unit: Unit, secrets: dict[str, str], renderer: Renderer) -> dict[str, tuple[bytes, int]]:
-    """path -> (bytes, mode). The env file is re-rendered here with the real secret values."""
+def desired_files(unit: Unit, secrets: dict[str, str], renderer: Renderer,
+                  supervisor: Supervisor) -> dict[str, tuple[bytes, int]]:
+    """path -> (bytes, mode): the supervisor's unit file, and the env file re-rendered here with
+    the real secret values (0600)."""
     problems: list[Problem] = []
     env_text = render_env(renderer, unit.name, unit.host.name, unit.role.name, unit.env, unit.secret_names,
                           {k: secrets[k] for k in unit.secret_names}, problems)
     if env_text is None:
         raise InputError(problems)
-    return {unit.unit_path: (unit.files[unit.unit_path].encode(), 0o644), unit.env_path: (env_text.encode(), 0o600)}
+    path, text = supervisor.unit_file(unit)
+    return {path: (text.encode(), 0o644), unit.env_path: (env_text.encode(), 0o600)}
 
 
 def file_hashes(files: dict[str, tuple[bytes, int]]) -> dict[str, str]:

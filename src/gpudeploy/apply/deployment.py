@@ -24,8 +24,11 @@ from ..plan.calibrate import CalibrationStore
 from ..plan.memcheck import memory_verdicts
 from ..plan.render import Renderer
 from ..progress import Board
-from ..remote.ssh import Remote
+from ..remote.base import Transport
+from ..supervisor import for_host
 from ..supervisor.base import Supervisor, UnitState
+from ..supervisor.process import PROCESS
+from ..supervisor.systemd import SYSTEMD
 from ..verify.http import status_of
 from ..verify.smoke import SmokeResult, smoke_test
 from . import check, preflight
@@ -41,7 +44,7 @@ class HostSession:
     """One host for the whole command: its connection, its lock, what it looked like at the start."""
 
     host: Host
-    remote: Remote
+    remote: Transport
     supervisor: Supervisor
     units: list[Unit]
     files: dict[str, dict[str, tuple[bytes, int]]] = field(default_factory=dict)
@@ -158,10 +161,13 @@ def _run(sessions: dict[str, HostSession], units: list[Unit], secrets: dict[str,
 
     def prepare(host: Host) -> None:
         s = sessions[host.name]
-        s.files = {u.name: desired_files(u, secrets, renderer) for u in s.units}
         targets = [t for u in s.units for t in reach_targets(u, units)]
+        # Both supervisors' unit files are hashed: which one the host uses is known only now.
+        candidates = [p for u in s.units for p in (SYSTEMD.unit_path(u.name), PROCESS.unit_path(u.name), u.env_path)]
         s.facts = probe(s.remote, {"units": [u.name for u in s.units], "ports": True, "gpus": True,
-                                   "files": [p for f in s.files.values() for p in f], "reach": targets})
+                                   "files": candidates, "reach": targets})
+        s.supervisor = for_host(host, s.facts)
+        s.files = {u.name: desired_files(u, secrets, renderer, s.supervisor) for u in s.units}
         s.states = s.supervisor.states(s.facts)
         s.healthy = {u.name: status_of(u.health_url, timeout=2.0, via=s.remote) == 200 for u in s.units
                      if u.health_url and s.states[u.name].active}

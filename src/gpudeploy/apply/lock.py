@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 from ..errors import GpudeployError, RemoteError
 from ..fanout import Cancel
-from ..remote.ssh import Remote
+from ..remote.base import Transport
 
 LOCK_PATH = "/run/gpudeploy/host.lock"
 HEARTBEAT_S = 1.0
@@ -74,7 +74,7 @@ class LockBusy(RemoteError):
 
 
 class HostLock:
-    def __init__(self, remote: Remote, wait_s: float = 600.0, on_wait: Callable[[str], None] | None = None,
+    def __init__(self, remote: Transport, wait_s: float = 600.0, on_wait: Callable[[str], None] | None = None,
                  cancel: Cancel | None = None) -> None:
         self.remote = remote
         self.wait_s = wait_s

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from ..errors import GpudeployError
 from ..fanout import Cancel, for_each_host, say
 from ..model import Host
-from ..remote.ssh import Remote
+from ..remote import connect
+from ..remote.base import Transport
 from ..supervisor import for_host
 from ..supervisor.base import Supervisor
 from .lock import HostLock, LockBusy
@@ -23,7 +24,7 @@ from .lock import HostLock, LockBusy
 @dataclass
 class Session:
     host: Host
-    remote: Remote
+    remote: Transport
     supervisor: Supervisor
 
 
@@ -36,13 +37,13 @@ def open_sessions(hosts: list[Host], lock_wait_s: float, cancel: Cancel | None, 
     """(sessions, errors) by host name; ``stack`` closes the connections and locks."""
     errors: dict[str, GpudeployError] = {}
 
-    def connect(host: Host) -> Remote:
-        remote = Remote(host)
+    def open_one(host: Host) -> Transport:
+        remote = connect(host)
         remote.open()
         return remote
 
-    remotes: dict[str, Remote] = {}
-    for name, res in for_each_host(hosts, connect, cancel).items():
+    remotes: dict[str, Transport] = {}
+    for name, res in for_each_host(hosts, open_one, cancel).items():
         if isinstance(res, GpudeployError):
             errors[name] = res
         else:

@@ -20,8 +20,9 @@ from ..errors import GpudeployError
 from ..facts.probe import probe
 from ..fanout import Cancel, for_each_host, say
 from ..model import Host, Plan, Unit
-from ..plan.build import ENV_DIR, STATE_ROOT, UNIT_DIR, unit_stem
+from ..plan.build import ENV_DIR, STATE_ROOT, unit_stem
 from ..remote.base import Transport
+from ..supervisor import for_host
 from ..supervisor.base import Supervisor, UnitState
 from .hostscripts import kill_exact_argv
 from .order import RANKS, kind_rank, stop_rank
@@ -65,7 +66,10 @@ def teardown(plan: Plan, hosts: list[Host], *, purge: bool, deployments: list[st
 
         def inspect(host: Host) -> None:
             spec = {"units": list(planned[host.name]), "gpus": True, "deployments": names}
-            found[host.name] = sessions[host.name].supervisor.states(probe(sessions[host.name].remote, spec))
+            session = sessions[host.name]
+            facts = probe(session.remote, spec)
+            session.supervisor = for_host(host, facts)
+            found[host.name] = session.supervisor.states(facts)
 
         _each(sessions, inspect, results, cancel)
         for rank in sorted(RANKS.values()):
@@ -113,10 +117,10 @@ def survivors(state: UnitState, record: dict[str, Any], gpu_processes: list[dict
     return found
 
 
-def owned_paths(name: str, meta: dict[str, str] | None, planned: Unit | None) -> list[str]:
+def owned_paths(name: str, meta: dict[str, str] | None, planned: Unit | None, unit_file: str) -> list[str]:
     """The files and state directory of unit ``name`` that --purge removes: the paths gpudeploy
     derives for it, and only if the unit's own file names exactly those (never a pattern)."""
-    paths = [f"{UNIT_DIR}/{name}", f"{RUNS_DIR}/{name}.json"]
+    paths = [unit_file, f"{RUNS_DIR}/{name}.json"]
     if planned is not None:
         return [*paths, planned.env_path, planned.state_dir]
     if meta and meta.get("deployment") and meta.get("role"):
@@ -177,7 +181,8 @@ def prove_clean(remote: Transport, supervisor: Supervisor, host: Host, before: d
             out.gpu_left = [p for p in gpus.get("processes", []) if p["gpu"] in unit.gpus]
     if purge:
         for out in outcomes:
-            out.purged = owned_paths(out.unit, before[out.unit].meta, planned.get(out.unit))
+            out.purged = owned_paths(out.unit, before[out.unit].meta, planned.get(out.unit),
+                                     supervisor.unit_path(out.unit))
         remote.run(["rm", "-rf", "--", *(p for out in outcomes for p in out.purged)])
         supervisor.forget(remote, names)
     return outcomes

@@ -13,9 +13,16 @@ from typing import Any, Protocol
 from ..errors import RemoteError
 from ..model import Host
 from ..remote.base import Result
+from ..supervisor import process_host
 from . import remote_probe
 
-SOURCE = Path(remote_probe.__file__).read_text()
+# One script: the probe, with the process supervisor's host module in front of it as PROCESS_HOST
+# (a host has no gpudeploy to import it from).
+_FUTURE = "from __future__ import annotations\n"
+_PRELUDE = ("import types\nPROCESS_HOST = types.ModuleType('process_host')\n"
+            f"exec(compile({Path(process_host.__file__).read_text()!r}, 'process_host', 'exec'), "
+            "PROCESS_HOST.__dict__)\n")
+SOURCE = Path(remote_probe.__file__).read_text().replace(_FUTURE, _FUTURE + _PRELUDE, 1)
 
 
 class Runner(Protocol):

@@ -110,6 +110,40 @@ def listening_ports() -> dict[int, list[int]]:
     return owners
 
 
+def sysfs_bus_id(nvml_bus_id: str) -> str:
+    """NVML's "00000000:00:06.0" (8-digit domain) -> sysfs's "0000:00:06.0"."""
+    domain, _, rest = nvml_bus_id.strip().partition(":")
+    try:
+        return f"{int(domain, 16):04x}:{rest}".lower()
+    except ValueError:
+        return nvml_bus_id.lower()
+
+
+def numa_of_bus(bus_id: str, sysfs: str = "/sys/bus/pci/devices") -> int | None:
+    """The NUMA node the kernel gives a PCI device (-1 or missing: unknown)."""
+    try:
+        with open(f"{sysfs}/{sysfs_bus_id(bus_id)}/numa_node") as f:
+            node = int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+    return node if node >= 0 else None
+
+
+def text(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def gpu_record(index: int, name: Any, uuid: Any, bus_id: Any, total: int, used: int, free: int | None,
+               nvml_numa: int | None, sysfs: str = "/sys/bus/pci/devices") -> dict[str, Any]:
+    """One GPU as gpudeploy reports it, from the raw NVML values (pure but for the sysfs read).
+    NUMA: NVML's answer, else the kernel's for the PCI device (NVML says NotSupported on VMs)."""
+    bus = text(bus_id) if bus_id is not None else ""
+    numa = nvml_numa if nvml_numa is not None and nvml_numa >= 0 else (numa_of_bus(bus, sysfs) if bus else None)
+    return {"index": index, "name": text(name), "uuid": text(uuid) if uuid is not None else "", "bus_id": bus,
+            "total": int(total), "used": int(used), "free": int(free) if free is not None else int(total) - int(used),
+            "numa_node": numa}
+
+
 def gpus() -> dict[str, Any]:
     try:
         import pynvml  # the real nvidia-ml-py on GPU nodes; the lab provides a stand-in module
@@ -120,19 +154,90 @@ def gpus() -> dict[str, Any]:
         pynvml.nvmlInit()
     except Exception as exc:
         return {"source": "nvml", "error": f"NVML init failed: {exc}", "devices": [], "processes": []}
+
+    def maybe(fn: Any, *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except Exception:  # NVMLError_NotSupported and friends: unknown, not fatal
+            return None
+
     devices, processes = [], []
     try:
+        driver = maybe(pynvml.nvmlSystemGetDriverVersion)
         for i in range(pynvml.nvmlDeviceGetCount()):
             h = pynvml.nvmlDeviceGetHandleByIndex(i)
             mem = pynvml.nvmlDeviceGetMemoryInfo(h)
-            name = pynvml.nvmlDeviceGetName(h)
-            devices.append({"index": i, "name": name.decode() if isinstance(name, bytes) else name,
-                            "total": int(mem.total), "used": int(mem.used)})
+            pci = maybe(pynvml.nvmlDeviceGetPciInfo, h)
+            devices.append(gpu_record(i, pynvml.nvmlDeviceGetName(h), maybe(pynvml.nvmlDeviceGetUUID, h),
+                                      getattr(pci, "busId", None), mem.total, mem.used, getattr(mem, "free", None),
+                                      maybe(pynvml.nvmlDeviceGetNumaNodeId, h)))
             for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h):
-                processes.append({"gpu": i, "pid": int(p.pid), "used": int(p.usedGpuMemory or 0)})
+                info = proc_info(int(p.pid)) or {}
+                processes.append({"gpu": i, "pid": int(p.pid), "used": int(p.usedGpuMemory or 0),
+                                  "cmd": info.get("cmd", ""), "start_ticks": info.get("start_ticks")})
     finally:
         pynvml.nvmlShutdown()
-    return {"source": "nvml", "error": None, "devices": devices, "processes": processes}
+    return {"source": "nvml", "error": None, "driver": text(driver) if driver else None, "devices": devices,
+            "processes": processes}
+
+
+def cpu_topology(sysfs: str = "/sys/devices/system/node") -> dict[str, Any]:
+    """NUMA node -> its CPU list, as the kernel has them (systemd's syntax: "0-31,64-95")."""
+    nodes: dict[str, str] = {}
+    for path in sorted(glob.glob(f"{sysfs}/node[0-9]*")):
+        try:
+            with open(f"{path}/cpulist") as f:
+                nodes[path.rsplit("node", 1)[1]] = f.read().strip()
+        except OSError:
+            continue
+    return {"cpus": os.cpu_count(), "numa_nodes": nodes}
+
+
+def init_system() -> str:
+    if os.path.isdir("/run/systemd/system"):
+        return "systemd"
+    try:
+        with open("/proc/1/comm") as f:
+            return f"none (PID 1 is {f.read().strip()})"
+    except OSError:
+        return "unknown"
+
+
+VERSION_SCRIPT = (
+    "import importlib.metadata as m, json, sys\n"
+    "out = {}\n"
+    "for name in sys.argv[1:]:\n"
+    "    try:\n"
+    "        out[name] = m.version(name)\n"
+    "    except Exception:\n"
+    "        try:\n"
+    "            out[name] = __import__(name.replace('-', '_')).__version__\n"
+    "        except Exception:\n"
+    "            out[name] = None\n"
+    "print(json.dumps(out))\n")
+
+
+def versions(wanted: dict[str, list[str]]) -> dict[str, Any]:
+    """python -> {package: version or None}: the engines a role's interpreter would run."""
+    out: dict[str, Any] = {}
+    for python, packages in wanted.items():
+        try:
+            res = subprocess.run([python, "-c", VERSION_SCRIPT, *packages], capture_output=True, text=True,
+                                 timeout=30, check=False)
+            out[python] = json.loads(res.stdout) if res.returncode == 0 else {"error": res.stderr.strip()[-200:]}
+        except (OSError, ValueError, subprocess.TimeoutExpired) as exc:
+            out[python] = {"error": str(exc)}
+    return out
+
+
+def help_text(python: str, module: str) -> dict[str, Any]:
+    """``python -m module --help`` as the host runs it (to learn a release's flags)."""
+    try:
+        res = subprocess.run([python, "-m", module, "--help"], capture_output=True, text=True, timeout=120,
+                             check=False, env={**os.environ, "COLUMNS": "200"})
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return {"rc": None, "text": "", "error": str(exc)}
+    return {"rc": res.returncode, "text": res.stdout, "error": res.stderr[-500:]}
 
 
 def journal(invocation: str, unit: str, lines: int) -> list[str]:
@@ -227,6 +332,15 @@ def deployment_units(deployment: str) -> list[str]:
     return found
 
 
+def _process_host() -> Any:
+    """The process supervisor's host-side module: prepended to this script when it is sent to a
+    host (facts/probe.py), imported when this runs inside gpudeploy (tests)."""
+    module = globals().get("PROCESS_HOST")
+    if module is None:
+        from gpudeploy.supervisor import process_host as module
+    return module
+
+
 def main(spec: dict[str, Any]) -> dict[str, Any]:
     names = list(spec.get("units", []))
     for deployment in spec.get("deployments", []):
@@ -265,7 +379,13 @@ def main(spec: dict[str, Any]) -> dict[str, Any]:
         "files": {p: file_hash(p) for p in spec.get("files", [])},
         "listening": {str(k): v for k, v in listening_ports().items()} if spec.get("ports") else {},
         "gpus": gpus() if spec.get("gpus") else None,
+        "process_units": _process_host().unit_facts(list(spec.get("units", [])), list(spec.get("deployments", [])),
+                                                    int(spec.get("journal_lines", 60))),
         "reach": reach(spec["reach"]) if spec.get("reach") else [],
+        "topology": cpu_topology() if spec.get("topology") else None,
+        "init": init_system(),
+        "versions": versions(spec["versions"]) if spec.get("versions") else {},
+        "help": {f"{p} {m}": help_text(p, m) for p, m in spec.get("help", [])},
         "http": http_get(spec["http"]) if spec.get("http") else {},
     }
 

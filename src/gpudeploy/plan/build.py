@@ -14,6 +14,7 @@ from .flags import check_args, engine_version, settings_args
 from .pd import pd_problems
 from .placement import Placement, place_host
 from .ports import assign_ports
+from .process_spec import spec_path, spec_text
 from .render import Renderer, control_problem, env_value, exec_line
 from .render import unit_text as description_text
 
@@ -163,6 +164,11 @@ def _unit(inv: Inventory, host: Host, deployment: str, role: Role, placed: Place
         # CUDA's default order is fastest-first; NVML's (and so preflight's and teardown's) is PCI
         # bus order. With this, CUDA device N is NVML GPU N.
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    if role.engine == "sglang":
+        # SGLang's CUDA-graph capture bar (tqdm, no bar_format of its own) writes "\r" between
+        # updates; journald and log files only split at "\n", so the whole capture would arrive as
+        # one line when it ends. tqdm >= 4.66 takes TQDM_* variables as defaults: one line per update.
+        env["TQDM_BAR_FORMAT"] = "{l_bar}{bar}{r_bar}\n"
     env.update(host.env)
     env.update(role.env)
     env_path = f"{ENV_DIR}/{stem}.env"
@@ -179,7 +185,7 @@ def _unit(inv: Inventory, host: Host, deployment: str, role: Role, placed: Place
     env_text = render_env(renderer, name, host.name, role.name, env, role.secret_env, None, problems)
     if unit_text is None or env_text is None:
         return None
-    return Unit(
+    unit = Unit(
         deployment=deployment, host=host, role=role, name=name, engine_version=version,
         gpus=placed.gpus, numa_node=placed.numa_node, cpus=placed.cpus, ports=my_ports,
         argv=tuple(argv), env=env, secret_names=role.secret_env, unit_path=unit_path, env_path=env_path,
@@ -187,6 +193,10 @@ def _unit(inv: Inventory, host: Host, deployment: str, role: Role, placed: Place
         health_url=f"http://{host.address}:{my_ports['http']}{role.health.path}" if "http" in my_ports else "",
         files={unit_path: unit_text, env_path: env_text},
     )
+    if host.supervisor == "process":  # no systemd there: the process supervisor's JSON spec instead
+        path = spec_path(name)
+        unit = replace(unit, unit_path=path, files={path: spec_text(unit, unit_kind(role)), env_path: env_text})
+    return unit
 
 
 def _argv_key(role: Role, word: str) -> str:

@@ -11,7 +11,9 @@ start time, a log file per run) is one new file implementing :class:`Supervisor`
     exit to that run's :class:`Sink` (one stream for all runs on the host), and ``lost`` when the
     host stops answering.
   * ``run_lines(transport, run)``: every line of one run, read directly, and
-    ``logs(transport, run_id, lines=, follow=)``: a stream of them for ``invoke logs``.
+    ``logs(transport, unit, run_id, lines=, follow=)``: a stream of them for ``invoke logs``.
+  * ``unit_file(unit)``: the (path, text) of the file it runs the unit from (a systemd unit, a
+    JSON spec), rendered from the plan; ``unit_path(name)`` where that file lives.
   * ``states(facts)``: the host probe's facts -> :class:`UnitState` per unit, in neutral words.
   * ``stop(transport, units, timeout_s)``: stop units, killing what does not stop in time, and
     ``forget(transport, units)`` after their files were removed.
@@ -24,6 +26,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from ..model import Unit
 from ..remote.base import Stream, Transport
 
 
@@ -89,7 +92,11 @@ class Supervisor(Protocol):
 
     def run_lines(self, transport: Transport, run: Run) -> list[str]: ...
 
-    def logs(self, transport: Transport, run_id: str, *, lines: int, follow: bool) -> Stream: ...
+    def logs(self, transport: Transport, unit: str, run_id: str, *, lines: int, follow: bool) -> Stream: ...
+
+    def unit_path(self, unit: str) -> str: ...
+
+    def unit_file(self, unit: Unit) -> tuple[str, str]: ...
 
     def stop(self, transport: Transport, units: list[str], timeout_s: float) -> None: ...
 

@@ -16,6 +16,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import GpudeployError, RemoteError
+from ..model import Unit
+from ..plan.build import UNIT_DIR
 from ..remote.base import Stream, Transport
 from .base import Run, Sink, UnitState
 
@@ -237,7 +239,14 @@ class Systemd:
     def run_lines(self, transport: Transport, run: Run) -> list[str]:
         return run_lines(transport, run.invocation)
 
-    def logs(self, transport: Transport, run_id: str, *, lines: int, follow: bool) -> Stream:
+    def unit_path(self, unit: str) -> str:
+        return f"{UNIT_DIR}/{unit}"
+
+    def unit_file(self, unit: Unit) -> tuple[str, str]:
+        path = self.unit_path(unit.name)  # rendered by the plan (templates/engine.service.j2)
+        return path, unit.files[path]
+
+    def logs(self, transport: Transport, unit: str, run_id: str, *, lines: int, follow: bool) -> Stream:
         argv = ["journalctl", "--no-pager", "-o", "short-iso", "-n", str(lines), f"_SYSTEMD_INVOCATION_ID={run_id}"]
         return transport.stream([*argv, "-f"] if follow else argv)
 

@@ -10,6 +10,7 @@ it at once.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -34,6 +35,7 @@ def health_wait(interval_s: float) -> tenacity.wait.wait_base:
     return wait_exponential(multiplier=0.05, min=0.05, max=interval_s)
 
 
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 JOURNAL_CATCH_UP_S = 0.3  # after a death, how long the stream may lag behind the unit's state
 FATAL_GRACE_S = 0.4  # after a fatal line, collect the lines that explain it (e.g. "Possible solutions")
 PHASE_ORDER = ("starting", "loading weights", "allocating KV cache", "capturing CUDA graphs",
@@ -85,6 +87,7 @@ class _Watch:
     def line(self, text: str) -> None:
         if self.closed:
             return
+        text = ANSI.sub("", text)  # sglang-router colours its log even without a terminal
         self.lines.append(text)
         phase = phase_of(text, self.fmt)
         if phase:

@@ -10,6 +10,7 @@ gate from ever seeing 200.
 from __future__ import annotations
 
 import http.client
+import io
 import json
 import time
 import urllib.error
@@ -20,9 +21,44 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ..errors import GpudeployError
-from ..remote.base import Transport
+from ..remote.base import Socket, Transport
 
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+class _Raw(io.RawIOBase):
+    """A byte stream over anything with ``recv`` (an ssh channel), for a BufferedReader: http.client
+    reads a chunked answer with ``peek``, which paramiko's own file object lacks."""
+
+    def __init__(self, sock: Socket) -> None:
+        self.sock = sock
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.sock.recv(len(buffer))
+        buffer[:len(data)] = data
+        return len(data)
+
+
+class _Channel:
+    """What http.client needs of a socket, over a TCP channel opened by the host itself."""
+
+    def __init__(self, sock: Socket) -> None:
+        self.sock = sock
+
+    def sendall(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def makefile(self, mode: str = "rb", *args: Any, **kwargs: Any) -> io.BufferedReader:
+        return io.BufferedReader(_Raw(self.sock))
+
+    def settimeout(self, timeout: float | None) -> None:
+        self.sock.settimeout(timeout)
+
+    def close(self) -> None:
+        self.sock.close()
 
 
 class _Through(http.client.HTTPConnection):
@@ -34,7 +70,7 @@ class _Through(http.client.HTTPConnection):
 
     def connect(self) -> None:
         timeout = self.timeout if isinstance(self.timeout, (int, float)) else 10.0
-        self.sock = self.via.open_tcp(self.host, self.port or 80, timeout)
+        self.sock = _Channel(self.via.open_tcp(self.host, self.port or 80, timeout))
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from ..facts.probe import probe
 from ..fanout import for_each_host
 from ..model import Host, Plan, Unit
 from ..plan.build import deployments
-from ..remote import openssh
+from ..remote import connect, openssh
 from ..supervisor import for_host
 from ..supervisor.base import UnitState
 from .causes import classify, log_format
@@ -65,14 +65,12 @@ def host_status(host: Host, units: list[Unit], deployment_names: list[str], defa
                  if u.role.engine == "sglang_router" and "http" in u.ports})
     spec = {"units": [u.name for u in units], "deployments": deployment_names, "journal_lines": journal_lines,
             "http": http}
-    if openssh.available():
+    if host.connection == "ssh" and openssh.available():
         facts = probe(openssh.OpenSsh(host), spec)
-    else:
-        from ..remote.ssh import Remote  # paramiko, where there is no OpenSSH client
-
-        with Remote(host) as remote:
+    else:  # this machine itself, or paramiko where there is no OpenSSH client
+        with connect(host) as remote:
             facts = probe(remote, spec)
-    states = for_host(host).states(facts)
+    states = for_host(host, facts).states(facts)
     planned = {u.name: u for u in units}
     out = []
     for name, st in states.items():
@@ -81,7 +79,7 @@ def host_status(host: Host, units: list[Unit], deployment_names: list[str], defa
         health = "-" if unit is None or not unit.health_url else str(got["status"]) if got and got["status"] else "down"
         s = _status(host, st, unit, health, facts["now"], default)
         workers = facts.get("http", {}).get(f"{name}#workers")
-        if workers is not None:
+        if workers is not None and workers.get("status") == 200:
             s.workers = parse_workers(workers.get("json"))
         out.append(s)
     return out
