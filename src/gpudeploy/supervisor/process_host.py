@@ -1,0 +1,394 @@
+"""Runs ON a host without systemd (sent as ``python3 -c``): start, stop, watch and read the runs of
+gpudeploy's process supervisor. Stdlib only; never finds a process by name.
+
+A unit is a spec file ``/etc/gpudeploy/units/<unit>.json`` (argv, env file, working directory,
+stop timeout, CPUs, limits, and the deployment/role/kind it belongs to). A run of it:
+
+  * ``start``: a monitor process (its own session, detached from our ssh) forks the server; the
+    server calls setsid, so it leads its own session and process group, stdin is /dev/null and
+    stdout+stderr go to a log file of this run only (``/var/log/gpudeploy/<unit>/<run>.log``). The
+    monitor waits for it and writes its exit status; the run file ``/run/gpudeploy/units/<unit>.json``
+    names the run, the server's PID and its start time (field 22 of /proc/PID/stat), so a reused PID
+    is never taken for it.
+  * ``stop``: SIGTERM to the server's process group, SIGKILL to it after the stop timeout, then
+    SIGKILL to every process still in the server's session or descended from it, and to the PIDs
+    recorded at gate time (workers that setsid away), each by PID and start time.
+  * ``watch``: one stream of JSON lines for several runs: each run's log lines from the start of
+    its log, and its exit (with the status the monitor saw).
+
+Usage: python3 -c SOURCE start|stop|watch|logs JSON
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+import uuid
+from typing import Any
+
+UNITS_DIR = "/etc/gpudeploy/units"
+RUNS_DIR = "/run/gpudeploy/units"
+LOG_DIR = "/var/log/gpudeploy"
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def stat_of(pid: int) -> dict[str, Any] | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    rest = stat[stat.rindex(")") + 2:].split()
+    return {"pid": pid, "state": rest[0], "ppid": int(rest[1]), "pgid": int(rest[2]), "sid": int(rest[3]),
+            "start_ticks": int(rest[19])}
+
+
+def alive(pid: int, start_ticks: int) -> bool:
+    st = stat_of(pid)
+    return st is not None and st["start_ticks"] == start_ticks and st["state"] != "Z"
+
+
+def all_stats() -> list[dict[str, Any]]:
+    out = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            st = stat_of(int(name))
+            if st is not None:
+                out.append(st)
+    return out
+
+
+def run_processes(run: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every live process of a run: in the server's session, or descended from the server (a
+    worker that called setsid), or recorded at gate time: each by PID and start time."""
+    stats = all_stats()
+    server: dict[str, Any] | None = next(
+        (s for s in stats if s["pid"] == run["pid"] and s["start_ticks"] == run["start_ticks"]), None)
+    started = run["start_ticks"]
+    found = {s["pid"]: s for s in stats
+             if s["state"] != "Z" and s["start_ticks"] >= started and s["sid"] == run["pid"]}
+    if server is not None:
+        found[server["pid"]] = server
+        children: dict[int, list[dict[str, Any]]] = {}
+        for s in stats:
+            children.setdefault(s["ppid"], []).append(s)
+        todo = [server["pid"]]
+        while todo:
+            for child in children.get(todo.pop(), []):
+                if child["pid"] not in found and child["state"] != "Z":
+                    found[child["pid"]] = child
+                    todo.append(child["pid"])
+    by_pid = {s["pid"]: s for s in stats}
+    for r in run.get("recorded", []):
+        rec = by_pid.get(r["pid"])
+        if rec is not None and rec["start_ticks"] == r["start_ticks"] and rec["state"] != "Z":
+            found[rec["pid"]] = rec
+    return list(found.values())
+
+
+def read_json(path: str) -> Any:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def write_json(path: str, data: Any) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(data, f)
+    os.replace(tmp, path)
+
+
+def parse_env(text: str) -> dict[str, str]:
+    """An EnvironmentFile= as systemd reads it: ``KEY=value`` lines, ``#``/``;`` comments, a
+    "double-quoted" value with backslash escapes (it may span lines), a 'single-quoted' one taken
+    as it is, an unquoted one to the end of its line."""
+    out: dict[str, str] = {}
+    i, n = 0, len(text)
+    while i < n:
+        end = text.find("\n", i)
+        end = n if end < 0 else end + 1
+        line = text[i:end]
+        if not line.strip() or line.lstrip()[0] in "#;" or "=" not in line:
+            i = end
+            continue
+        key = line.split("=", 1)[0].strip()
+        j = i + line.index("=") + 1
+        while j < n and text[j] in " \t":
+            j += 1
+        chars: list[str] = []
+        if j < n and text[j] in "'\"":
+            quote, j = text[j], j + 1
+            while j < n and text[j] != quote:
+                if quote == '"' and text[j] == "\\" and j + 1 < n:
+                    nxt = text[j + 1]
+                    chars.append("" if nxt == "\n" else nxt if nxt in '"\\`$' else "\\" + nxt)
+                    j += 2
+                    continue
+                chars.append(text[j])
+                j += 1
+            value = "".join(chars)
+            nl = text.find("\n", j)
+            i = n if nl < 0 else nl + 1
+        else:
+            while j < n and text[j] != "\n":
+                if text[j] == "\\" and j + 1 < n:
+                    chars.append("" if text[j + 1] == "\n" else text[j + 1])
+                    j += 2
+                    continue
+                chars.append(text[j])
+                j += 1
+            value = "".join(chars).rstrip(" \t\r")
+            i = j + 1
+        out[key] = value
+    return out
+
+
+def env_file(path: str) -> dict[str, str]:
+    try:
+        with open(path) as f:
+            return parse_env(f.read())
+    except OSError:
+        return {}
+
+
+def start(unit: str) -> dict[str, Any]:
+    spec = read_json(f"{UNITS_DIR}/{unit}.json")
+    if spec is None:
+        raise SystemExit(f"no unit file {UNITS_DIR}/{unit}.json")
+    old = read_json(f"{RUNS_DIR}/{unit}.json")
+    restarted = bool(old and alive(old["pid"], old["start_ticks"]))
+    if old and restarted:
+        stop(unit, float(spec.get("stop_timeout_s", 30)))
+    run_id = uuid.uuid4().hex
+    log = f"{LOG_DIR}/{unit}/{run_id}.log"
+    os.makedirs(os.path.dirname(log), exist_ok=True)
+    os.makedirs(spec["working_directory"], exist_ok=True)
+    start_us = time.time_ns() // 1000
+    r, w = os.pipe()
+    monitor = os.fork()
+    if monitor == 0:  # the monitor: its own session, so it outlives our ssh session
+        os.close(r)
+        os.setsid()
+        _monitor(unit, spec, run_id, log, start_us, w)
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as f:
+        reply = f.read()
+    os.waitpid(monitor, 0)
+    if not reply:
+        raise SystemExit(f"the monitor of {unit} did not start it")
+    run = json.loads(reply)
+    run["restarted"] = restarted
+    return dict(run)
+
+
+def _monitor(unit: str, spec: dict[str, Any], run_id: str, log: str, start_us: int, report: int) -> None:
+    if os.fork() != 0:
+        os._exit(0)  # the monitor's parent (our start) returns at once; init adopts the monitor
+    # Let go of our caller's stdin/stdout/stderr (the ssh channel): the start command ends now, the
+    # monitor lives on. It reports through the ``report`` pipe only.
+    devnull_fd = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull_fd, fd)
+    env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
+    env.update(env_file(spec["env_file"]))
+    out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+    server = os.fork()
+    if server == 0:
+        try:
+            os.setsid()  # its own session and process group: stop signals the whole group
+            devnull = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(devnull, 0)
+            os.dup2(out, 1)
+            os.dup2(out, 2)
+            os.chdir(spec["working_directory"])
+            if spec.get("cpus"):
+                os.sched_setaffinity(0, set(spec["cpus"]))
+            import resource
+
+            for name, value in (spec.get("limits") or {}).items():
+                limit = resource.RLIM_INFINITY if value == "infinity" else int(value)
+                with contextlib.suppress(ValueError, OSError, AttributeError):
+                    resource.setrlimit(getattr(resource, name), (limit, limit))
+            os.execvpe(spec["argv"][0], spec["argv"], env)  # noqa: S606 - argv from our own spec, no shell
+        except BaseException as exc:  # exec failed: say why in the run's log, like systemd does
+            os.write(2, f"gpudeploy: cannot start {spec['argv'][0]}: {exc}\n".encode())
+            os._exit(127)
+    st = stat_of(server) or {"start_ticks": 0}
+    run = {"unit": unit, "run_id": run_id, "pid": server, "start_ticks": st["start_ticks"], "log": log,
+           "start_us": start_us, "monitor": os.getpid()}
+    write_json(f"{RUNS_DIR}/{unit}.json", run)
+    os.write(report, json.dumps(run).encode())
+    os.close(report)
+    _, status = os.waitpid(server, 0)
+    if os.WIFSIGNALED(status):
+        words = {"code": "killed", "status": signal.Signals(os.WTERMSIG(status)).name[3:]}
+    else:
+        words = {"code": "exited", "status": str(os.WEXITSTATUS(status))}
+    current = read_json(f"{RUNS_DIR}/{unit}.json") or {}
+    write_json(f"{RUNS_DIR}/{unit}.exit-{run_id}.json", {**words, "at_us": time.time_ns() // 1000,
+                                                         "stopped": bool(current.get("stopping"))})
+
+
+def _kill_exact(procs: list[dict[str, Any]], sig: int) -> None:
+    for p in procs:
+        if alive(p["pid"], p["start_ticks"]):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p["pid"], sig)
+
+
+def stop(unit: str, timeout_s: float) -> dict[str, Any]:
+    run = read_json(f"{RUNS_DIR}/{unit}.json")
+    if run is None:
+        return {"unit": unit, "was": "inactive"}
+    run["recorded"] = (read_json(f"/var/lib/gpudeploy/runs/{unit}.json") or {}).get("pids", [])
+    server_alive = alive(run["pid"], run["start_ticks"])
+    write_json(f"{RUNS_DIR}/{unit}.json", {**run, "stopping": True})
+    if server_alive:
+        with contextlib.suppress(ProcessLookupError):  # the server leads its group (setsid): pgid == its PID
+            os.killpg(run["pid"], signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and run_processes(run):
+        time.sleep(0.1)
+    left = run_processes(run)
+    if left and alive(run["pid"], run["start_ticks"]):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(run["pid"], signal.SIGKILL)
+    _kill_exact(run_processes(run), signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and run_processes(run):
+        time.sleep(0.05)
+    left = [p["pid"] for p in run_processes(run)]
+    return {"unit": unit, "was": "active" if server_alive else "inactive", "left": left}
+
+
+def watch(wanted: list[dict[str, Any]]) -> None:
+    """Follow runs ({"unit", "run_id"}; the run files give their PID, start time and log) -> JSON
+    lines on stdout: {"unit", "line"} for each log line, then {"unit", "exit"}."""
+    runs = []
+    for w in wanted:
+        run = read_json(f"{RUNS_DIR}/{w['unit']}.json") or {}
+        if run.get("run_id") != w["run_id"]:  # replaced already: treat this run as over
+            run = {"pid": 0, "start_ticks": 0, "log": f"{LOG_DIR}/{w['unit']}/{w['run_id']}.log"}
+        runs.append({**run, **w})
+    offsets = {r["unit"]: 0 for r in runs}
+    partial = {r["unit"]: b"" for r in runs}
+    done: set[str] = set()
+    while len(done) < len(runs):
+        for r in runs:
+            if r["unit"] in done:
+                continue
+            try:
+                with open(r["log"], "rb") as f:
+                    f.seek(offsets[r["unit"]])
+                    data = f.read(1 << 20)
+            except OSError:
+                data = b""
+            offsets[r["unit"]] += len(data)
+            lines = (partial[r["unit"]] + data).split(b"\n")
+            partial[r["unit"]] = lines.pop()
+            for line in lines:
+                _emit({"unit": r["unit"], "line": line.decode(errors="replace")})
+            exit_info = read_json(f"{RUNS_DIR}/{r['unit']}.exit-{r['run_id']}.json")
+            ended = exit_info is not None or not alive(r["pid"], r["start_ticks"])
+            if ended and not data:  # everything the log had before the end has been sent
+                if partial[r["unit"]]:
+                    _emit({"unit": r["unit"], "line": partial[r["unit"]].decode(errors="replace")})
+                info = exit_info or {"code": "exited", "status": "unknown"}
+                _emit({"unit": r["unit"], "exit": f"Main process exited, code={info['code']}, "
+                                                  f"status={info['status']}"})
+                done.add(r["unit"])
+        time.sleep(0.1)
+
+
+def logs(unit: str, run_id: str, lines: int, follow: bool) -> None:
+    path = f"{LOG_DIR}/{unit}/{run_id}.log"
+    try:
+        with open(path, "rb") as f:
+            tail = f.read().split(b"\n")
+            sys.stdout.buffer.write(b"\n".join(tail[-lines - 1:]))
+            sys.stdout.flush()
+            while follow:
+                data = f.read(1 << 16)
+                if data:
+                    sys.stdout.buffer.write(data)
+                    sys.stdout.flush()
+                else:
+                    time.sleep(0.2)
+    except OSError as exc:
+        raise SystemExit(f"no log of run {run_id}: {exc}") from None
+
+
+def cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()[:300]
+    except OSError:
+        return ""
+
+
+def unit_facts(names: list[str], deployments: list[str], log_lines: int) -> dict[str, Any]:
+    """What the host probe reports of process-supervised units: the named ones and every unit
+    whose spec names one of ``deployments``."""
+    wanted = list(names)
+    try:
+        files = sorted(os.listdir(UNITS_DIR))
+    except OSError:
+        files = []
+    for file in files:
+        spec = read_json(f"{UNITS_DIR}/{file}") if file.endswith(".json") else None
+        if spec and spec.get("deployment") in deployments and spec.get("unit") not in wanted:
+            wanted.append(spec["unit"])
+    out: dict[str, Any] = {}
+    for unit in wanted:
+        spec = read_json(f"{UNITS_DIR}/{unit}.json")
+        run = read_json(f"{RUNS_DIR}/{unit}.json")
+        record = read_json(f"/var/lib/gpudeploy/runs/{unit}.json")
+        exit_info = read_json(f"{RUNS_DIR}/{unit}.exit-{run['run_id']}.json") if run else None
+        is_alive = bool(run) and alive(run["pid"], run["start_ticks"])
+        procs = []
+        if run:
+            recorded = (record or {}).get("pids", []) if (record or {}).get("invocation") == run["run_id"] else []
+            procs = [{**p, "cmd": cmdline(p["pid"])} for p in run_processes({**run, "recorded": recorded})]
+        recorded_alive = [{**p, "cmd": cmdline(p["pid"])} for p in (record or {}).get("pids", [])
+                          if alive(p["pid"], p["start_ticks"])]
+        tail: list[str] = []
+        if run and not is_alive:
+            try:
+                with open(run["log"], "rb") as f:
+                    tail = f.read().decode(errors="replace").splitlines()[-log_lines:]
+            except OSError:
+                pass
+        meta = None
+        if spec:
+            keys = ("deployment", "role", "kind", "env_file", "state_directory")
+            meta = {k: str(spec[k]) for k in keys if spec.get(k)}
+        out[unit] = {"spec": spec, "meta": meta, "run": run, "exit": exit_info, "alive": is_alive, "procs": procs,
+                     "record": record, "recorded_alive": recorded_alive, "log_tail": tail}
+    return out
+
+
+def _emit(event: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(event) + "\n")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    command, arg = sys.argv[1], json.loads(sys.argv[2])
+    if command == "start":
+        _emit(start(arg["unit"]))
+    elif command == "stop":
+        for u in arg["units"]:
+            _emit(stop(u, float(arg["timeout_s"])))
+    elif command == "watch":
+        watch(arg["runs"])
+    elif command == "logs":
+        logs(arg["unit"], arg["run_id"], int(arg["lines"]), bool(arg["follow"]))
