@@ -4,7 +4,8 @@ GPUs come from the JSON file in ``GPUDEPLOY_LAB_GPUS`` (default ``/etc/gpudeploy
     {"driver_version": "580.159.04",
      "gpus": [{"index": 0, "name": "NVIDIA H200", "uuid": "GPU-...", "memory_total_bytes": N,
                "numa_node": 0, "pci_bus_id": "00000000:00:06.0"}]}
-No file -> ``nvmlInit`` raises ``NVMLError_LibraryNotFound`` (a host without a driver).
+No file -> ``nvmlInit`` raises ``NVMLError_LibraryNotFound`` (a host without a driver);
+``"init_error": "DRIVER_NOT_LOADED"`` -> ``NVMLError_DriverNotLoaded`` (library there, no kernel driver).
 
 Memory use comes from the stand-in engine's per-process records in ``SGLANG_STANDIN_GPU_PROCS_DIR``
 (default ``/run/gpudeploy-lab/gpu-procs``): ``<pid>.json`` = {"pid", "gpu", "used_bytes"}. Only records
@@ -24,29 +25,76 @@ from typing import Any
 from gpudeploy_lab.standin.common import gpus_json_path, live_records
 
 NVML_SUCCESS = 0
+# Every code of nvidia-ml-py 13 (its values and names); each gets an NVMLError_<CapWords> subclass.
 NVML_ERROR_UNINITIALIZED = 1
 NVML_ERROR_INVALID_ARGUMENT = 2
 NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_NO_PERMISSION = 4
+NVML_ERROR_ALREADY_INITIALIZED = 5
 NVML_ERROR_NOT_FOUND = 6
+NVML_ERROR_INSUFFICIENT_SIZE = 7
+NVML_ERROR_INSUFFICIENT_POWER = 8
+NVML_ERROR_DRIVER_NOT_LOADED = 9
+NVML_ERROR_TIMEOUT = 10
+NVML_ERROR_IRQ_ISSUE = 11
 NVML_ERROR_LIBRARY_NOT_FOUND = 12
+NVML_ERROR_FUNCTION_NOT_FOUND = 13
+NVML_ERROR_CORRUPTED_INFOROM = 14
+NVML_ERROR_GPU_IS_LOST = 15
+NVML_ERROR_RESET_REQUIRED = 16
+NVML_ERROR_OPERATING_SYSTEM = 17
+NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18
+NVML_ERROR_IN_USE = 19
+NVML_ERROR_MEMORY = 20
+NVML_ERROR_NO_DATA = 21
+NVML_ERROR_VGPU_ECC_NOT_SUPPORTED = 22
+NVML_ERROR_INSUFFICIENT_RESOURCES = 23
+NVML_ERROR_FREQ_NOT_SUPPORTED = 24
+NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25
+NVML_ERROR_DEPRECATED = 26
+NVML_ERROR_NOT_READY = 27
+NVML_ERROR_GPU_NOT_FOUND = 28
+NVML_ERROR_INVALID_STATE = 29
+NVML_ERROR_RESET_TYPE_NOT_SUPPORTED = 30
 NVML_ERROR_UNKNOWN = 999
 
 BASELINE_USED = 644_939_776
 
+# nvidia-ml-py's NVMLError._errcode_to_string, verbatim; other codes read "Unknown Error" here.
 _STRINGS = {
     NVML_ERROR_UNINITIALIZED: "Uninitialized",
     NVML_ERROR_INVALID_ARGUMENT: "Invalid Argument",
     NVML_ERROR_NOT_SUPPORTED: "Not Supported",
+    NVML_ERROR_NO_PERMISSION: "Insufficient Permissions",
+    NVML_ERROR_ALREADY_INITIALIZED: "Already Initialized",
     NVML_ERROR_NOT_FOUND: "Not Found",
+    NVML_ERROR_INSUFFICIENT_SIZE: "Insufficient Size",
+    NVML_ERROR_INSUFFICIENT_POWER: "Insufficient External Power",
+    NVML_ERROR_DRIVER_NOT_LOADED: "Driver Not Loaded",
+    NVML_ERROR_TIMEOUT: "Timeout",
+    NVML_ERROR_IRQ_ISSUE: "Interrupt Request Issue",
     NVML_ERROR_LIBRARY_NOT_FOUND: "NVML Shared Library Not Found",
+    NVML_ERROR_FUNCTION_NOT_FOUND: "Function Not Found",
+    NVML_ERROR_CORRUPTED_INFOROM: "Corrupted infoROM",
+    NVML_ERROR_GPU_IS_LOST: "GPU is lost",
+    NVML_ERROR_RESET_REQUIRED: "GPU requires restart",
+    NVML_ERROR_OPERATING_SYSTEM: "The operating system has blocked the request.",
+    NVML_ERROR_LIB_RM_VERSION_MISMATCH: "RM has detected an NVML/RM version mismatch.",
+    NVML_ERROR_MEMORY: "Insufficient Memory",
     NVML_ERROR_UNKNOWN: "Unknown Error",
 }
 
+# What the real library says when it cannot be loaded (ctypes' OSError, the context of the NVMLError).
+LIBRARY_OSERROR = "libnvidia-ml.so.1: cannot open shared object file: No such file or directory"
+
 
 class NVMLError(Exception):
-    """Like pynvml's: ``NVMLError(code)`` builds the matching subclass; ``.value`` is the code."""
+    """Like pynvml's: ``NVMLError(code)`` builds the matching subclass; ``.value`` is the code;
+    ``str()`` the library's text ("NVML Shared Library Not Found"), ``repr()`` e.g.
+    ``NVMLError_LibraryNotFound(12)``."""
 
     _valClassMapping: dict[int, type[NVMLError]] = {}  # noqa: RUF012
+    _errcode_to_string = _STRINGS
 
     def __new__(cls, value: int) -> NVMLError:
         if cls is NVMLError:
@@ -60,7 +108,7 @@ class NVMLError(Exception):
         self.value = value
 
     def __str__(self) -> str:
-        return _STRINGS.get(self.value, "Unknown Error")
+        return _STRINGS.get(self.value, f"NVML Error with code {self.value}")
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, NVMLError) and self.value == other.value
@@ -81,12 +129,28 @@ def _subclass(name: str, code: int) -> type[NVMLError]:
     return sub
 
 
-NVMLError_Uninitialized = _subclass("NVMLError_Uninitialized", NVML_ERROR_UNINITIALIZED)
-NVMLError_InvalidArgument = _subclass("NVMLError_InvalidArgument", NVML_ERROR_INVALID_ARGUMENT)
-NVMLError_NotSupported = _subclass("NVMLError_NotSupported", NVML_ERROR_NOT_SUPPORTED)
-NVMLError_NotFound = _subclass("NVMLError_NotFound", NVML_ERROR_NOT_FOUND)
-NVMLError_LibraryNotFound = _subclass("NVMLError_LibraryNotFound", NVML_ERROR_LIBRARY_NOT_FOUND)
-NVMLError_Unknown = _subclass("NVMLError_Unknown", NVML_ERROR_UNKNOWN)
+def _class_name(err_name: str) -> str:
+    """NVML_ERROR_DRIVER_NOT_LOADED -> NVMLError_DriverNotLoaded (nvidia-ml-py's capwords rule)."""
+    return "NVMLError_" + "".join(w.capitalize() for w in err_name.removeprefix("NVML_ERROR_").split("_"))
+
+
+for _name, _code in [(k, v) for k, v in globals().items() if k.startswith("NVML_ERROR_")]:
+    globals()[_class_name(_name)] = _subclass(_class_name(_name), _code)
+
+# For mypy and readers: the ones gpudeploy and the lab name.
+NVMLError_Uninitialized = NVMLError._valClassMapping[NVML_ERROR_UNINITIALIZED]
+NVMLError_InvalidArgument = NVMLError._valClassMapping[NVML_ERROR_INVALID_ARGUMENT]
+NVMLError_NotSupported = NVMLError._valClassMapping[NVML_ERROR_NOT_SUPPORTED]
+NVMLError_NotFound = NVMLError._valClassMapping[NVML_ERROR_NOT_FOUND]
+NVMLError_DriverNotLoaded = NVMLError._valClassMapping[NVML_ERROR_DRIVER_NOT_LOADED]
+NVMLError_LibraryNotFound = NVMLError._valClassMapping[NVML_ERROR_LIBRARY_NOT_FOUND]
+NVMLError_Unknown = NVMLError._valClassMapping[NVML_ERROR_UNKNOWN]
+
+
+def nvmlExceptionClass(nvmlErrorCode: int) -> type[NVMLError]:
+    if nvmlErrorCode not in NVMLError._valClassMapping:
+        raise ValueError(f"nvmlErrorCode {nvmlErrorCode} is not valid")
+    return NVMLError._valClassMapping[nvmlErrorCode]
 
 
 def nvmlErrorString(result: int) -> str:
@@ -142,11 +206,33 @@ def _data() -> dict[str, Any]:
     return _state["data"]  # type: ignore[no-any-return]
 
 
+def _init_error(data: dict[str, Any]) -> int | None:
+    """``"init_error"`` in gpus.json: the code (or NVML_ERROR_ name) nvmlInit fails with."""
+    err = data.get("init_error")
+    if err is None:
+        return None
+    if isinstance(err, int):
+        return err
+    name = str(err).upper().removeprefix("NVML_ERROR_")
+    code = globals().get("NVML_ERROR_" + name)
+    return code if isinstance(code, int) else NVML_ERROR_UNKNOWN
+
+
 def nvmlInit() -> None:
+    """Reads gpus.json. No file: ``NVMLError_LibraryNotFound`` ("NVML Shared Library Not Found"), raised
+    while handling ctypes' OSError for libnvidia-ml.so.1, as nvidia-ml-py does on a host without the
+    driver's user-space library. ``{"init_error": "DRIVER_NOT_LOADED"}`` (or a code): the library is
+    there but nvmlInit fails, e.g. ``NVMLError_DriverNotLoaded`` ("Driver Not Loaded")."""
     try:
         data = json.loads(gpus_json_path().read_text())
-    except (OSError, ValueError) as e:
-        raise NVMLError(NVML_ERROR_LIBRARY_NOT_FOUND) from e
+    except (OSError, ValueError):
+        try:
+            raise OSError(LIBRARY_OSERROR) from None
+        except OSError:
+            raise NVMLError(NVML_ERROR_LIBRARY_NOT_FOUND)  # noqa: B904 (the real one chains implicitly)
+    code = _init_error(data) if isinstance(data, dict) else NVML_ERROR_UNKNOWN
+    if code is not None:
+        raise NVMLError(code)
     _state["data"] = data
     _state["init"] += 1
 

@@ -175,6 +175,7 @@ class Lab:
         self.tmp = tmp_path
         self.procs_dir = tmp_path / "gpu-procs"
         self.gpus_json = tmp_path / "gpus.json"
+        self.sglang_json = tmp_path / "sglang.json"
         self.gpus_json.write_text(json.dumps({"driver_version": "580.159.04", "gpus": [
             {"index": i, "name": "NVIDIA H200", "uuid": f"GPU-0000000{i}-f5db-2c0f-70df-fc4595ae00fc",
              "memory_total_bytes": GPU_BYTES, "numa_node": i // 2, "pci_bus_id": f"00000000:00:0{6 + i}.0"}
@@ -189,6 +190,8 @@ class Lab:
             "SGLANG_STANDIN_SPEED": "0.15",
             "SGLANG_STANDIN_GPU_PROCS_DIR": str(self.procs_dir),
             "GPUDEPLOY_LAB_GPUS": str(self.gpus_json),
+            # the host's stand-in release file (absent unless a test writes it): never this machine's
+            "GPUDEPLOY_LAB_SGLANG": str(self.sglang_json),
             "SGLANG_STANDIN_WEIGHTS_GIB": "16",
         }
         env.update(extra)

@@ -9,7 +9,11 @@ Entry points (through the shims in ``lab/shims``, put on PYTHONPATH together wit
   ``import pynvml``                               -> ``lab/shims/pynvml.py`` (fake NVML)
 
 Environment contract (all optional):
-  SGLANG_STANDIN_VERSION            release whose captured flags the engine accepts ("0.5.23")
+  SGLANG_STANDIN_VERSION            release the engine reports and whose captured flags it accepts
+                                    (else the host's /etc/gpudeploy-lab/sglang.json, else "0.5.23")
+  SGLANG_STANDIN_FLAGS_LIKE         captured release whose flags it accepts, whatever it reports
+  GPUDEPLOY_LAB_SGLANG              that file ({"version": "0.5.99", "flags_like": "0.5.10"}: an
+                                    uncaptured release with 0.5.10's flags; see release.py)
   SGLANG_STANDIN_SPEED              time scale; 1.0 = about 3 s from start to ready
   SGLANG_STANDIN_GPU_GIB            GPU size (NVML total, GiB) when no gpus.json exists (96)
   SGLANG_STANDIN_WEIGHTS_GIB        checkpoint size in GiB, all ranks together

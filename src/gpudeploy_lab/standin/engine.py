@@ -55,8 +55,7 @@ from gpudeploy_lab.standin.memory import (
     resolve_gpus,
     torch_oom,
 )
-
-DEFAULT_VERSION = "0.5.23"
+from gpudeploy_lab.standin.release import sglang_release
 
 # Phase durations in seconds at SGLANG_STANDIN_SPEED=1.0 (about 3 s in all).
 T_INIT, T_WEIGHTS, T_KV, T_GRAPH, T_WARMUP = 0.15, 1.0, 0.2, 1.0, 0.5
@@ -638,14 +637,19 @@ def _args_repr(ns: argparse.Namespace) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    version = os.environ.get("SGLANG_STANDIN_VERSION") or DEFAULT_VERSION
     try:
-        parser = build_parser("sglang", version, prog=None, required=["--model-path"])
+        version, flags_like = sglang_release()
+    except ValueError as e:
+        print(f"sglang stand-in: {e}", file=sys.stderr)
+        return 2
+    try:
+        parser = build_parser("sglang", flags_like, prog=None, required=["--model-path"])
     except KeyError:
-        print(f"sglang stand-in: no captured flags for sglang {version}", file=sys.stderr)
+        shown = version if flags_like == version else f"{version} (flags like {flags_like})"
+        print(f"sglang stand-in: no captured flags for sglang {shown}", file=sys.stderr)
         return 2
     args = sys.argv[1:] if argv is None else argv
-    if print_captured_help("sglang", version, args):
+    if print_captured_help("sglang", flags_like, args):
         return 0
     if fault() and fault() not in FAULTS:
         print(f"sglang stand-in: unknown SGLANG_STANDIN_FAULT={fault()!r}; known: {', '.join(FAULTS)}",
