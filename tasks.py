@@ -45,6 +45,25 @@ def plan_and_hosts(inventory: str, host: str | None, role: str | None,
                if (host is None or h.name == host) and (deployment is None or h.name in on)]
 
 
+def plan_learning_flags(inventory: str, **kwargs: Any) -> Any:
+    """The plan; when a host runs a release gpudeploy has not captured, read its --help there
+    first (once: it is kept on this machine) and plan again."""
+    from gpudeploy.errors import InputError
+    from gpudeploy.plan.flags import FlagsNotKnown
+
+    try:
+        return load_plan(inventory, **kwargs)
+    except InputError as exc:
+        needed = [p for p in exc.problems if isinstance(p, FlagsNotKnown)]
+        if not needed or len(needed) != len(exc.problems):
+            raise
+        from gpudeploy.apply.learn import learn
+        from gpudeploy.inventory import load_inventory
+
+        learn(load_inventory(inventory), needed)
+    return load_plan(inventory, **kwargs)
+
+
 def seconds(value: str | None, flag: str) -> float | None:
     """A positive number of seconds from the command line (None when not given)."""
     if value is None:
@@ -102,7 +121,7 @@ def deploy(c, host=None, inventory=DEFAULT_INVENTORY, role=None, deployment=None
     from gpudeploy.apply.deployment import deploy as run_deploy
 
     timeout_s = seconds(timeout, "--timeout")
-    p = load_plan(inventory, host=host, role=role, deployment=deployment, whole=True, store=calibration())
+    p = plan_learning_flags(inventory, host=host, role=role, deployment=deployment, whole=True, store=calibration())
     if not p.units:
         print(f"nothing is placed on {host or 'any host'}")
         return
@@ -178,7 +197,10 @@ def teardown(c, inventory=DEFAULT_INVENTORY, host=None, role=None, deployment=No
                 if o.gpu_used_gib else ""
             killed = f"  killed leftover pids {o.killed}" if o.killed else ""
             killed += f"  NOT killed: {'; '.join(o.refused)}" if o.refused else ""
-            verdict = "clean: no process left" if o.clean else f"NOT CLEAN: pids {o.left} alive, GPU {o.gpu_left}"
+            held = "; ".join(f"GPU {g['gpu']} held by pid {g['pid']} ({g['used'] / 2**30:.1f} GiB, "
+                             f"{g.get('cmd') or '?'})" for g in o.gpu_left)
+            verdict = "clean: no process left" if o.clean else \
+                "NOT CLEAN: " + "; ".join(x for x in (f"pids {o.left} alive" if o.left else "", held) if x)
             print(f"{h}/{o.role}: was {o.was}; {verdict}{killed}{gpu}{'  (purged)' if o.purged else ''}")
     if not ok:
         raise Exit(code=1)
@@ -194,7 +216,28 @@ def logs(c, host, role, inventory=DEFAULT_INVENTORY, follow=False):  # type: ign
     show_logs(p.units[0], follow=follow)
 
 
-ns = Collection(plan, deploy, status, teardown, logs)
+@task(help={"inventory": SELECT["inventory"], "host": "only this host", "json": "one JSON document on stdout"})
+@user_errors
+def facts(c, inventory=DEFAULT_INVENTORY, host=None, json_=False):  # type: ignore[no-untyped-def]
+    """What each host really has: GPUs (NVML: UUID, bus id, NUMA, memory, processes), CPUs, init, engines."""
+    from gpudeploy.errors import GpudeployError as Err
+    from gpudeploy.facts.host import gather
+    from gpudeploy.report import facts_text
+
+    p, hosts = plan_and_hosts(inventory, host, None)
+    results = gather(p, hosts)
+    text, ok = facts_text(results, p.inventory.hosts)
+    if json_:
+        json.dump({h: ({"error": str(r)} if isinstance(r, Err) else r.to_json()) for h, r in results.items()},
+                  sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print(text)
+    if not ok:
+        raise Exit(code=1)
+
+
+ns = Collection(plan, deploy, status, teardown, logs, facts)
 try:
     from gpudeploy_lab.tasks import lab_collection
 

@@ -10,12 +10,15 @@ Sources, per program and release, in ``gpudeploy/data/``:
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
 DATA = Path(__file__).parent / "data"
+# The --help of releases gpudeploy has not captured, read from a host once by deploy and kept here.
+LEARNED = Path(os.environ.get("GPUDEPLOY_FLAGS_CACHE", Path.home() / ".cache" / "gpudeploy" / "flags"))
 
 # (program name as used in data file names) -> releases we ship captures of
 PROGRAMS = {
@@ -32,19 +35,55 @@ class FlagSpec:
     choices: tuple[str, ...] | None
 
 
+def _stem(program: str, version: str) -> str:
+    return f"{program}-{version}-launch_server" if program == "sglang" else f"{program}-{version}"
+
+
 def _files(program: str, version: str) -> tuple[Path, Path]:
-    stem = f"{program}-{version}-launch_server" if program == "sglang" else f"{program}-{version}"
+    stem = _stem(program, version)
     return DATA / f"{stem}-flags.json", DATA / f"{stem}-help.txt"
 
 
-def supported_versions(program: str) -> list[str]:
-    """Releases of ``program`` that have a captured flag list in the package data."""
+def learned_path(program: str, version: str) -> Path:
+    return LEARNED / f"{_stem(program, version)}-help.txt"
+
+
+def _versions(folder: Path, program: str) -> set[str]:
     found = set()
-    for path in DATA.glob(f"{program}-*"):
-        m = re.match(rf"{re.escape(program)}-(\d+(?:\.\d+)+)", path.name)
+    for path in folder.glob(f"{program}-*") if folder.is_dir() else []:
+        m = re.match(rf"{re.escape(program)}-(\d+(?:\.\d+)+(?:\w*))-", path.name)
         if m:
             found.add(m.group(1))
-    return sorted(found, key=lambda v: tuple(int(x) for x in v.split(".")))
+    return found
+
+
+def _order(v: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", v))
+
+
+def captured_versions(program: str) -> list[str]:
+    """Releases whose real --help ships with gpudeploy."""
+    return sorted(_versions(DATA, program), key=_order)
+
+
+def supported_versions(program: str) -> list[str]:
+    """Releases gpudeploy can check flags for: captured, or learned from a host earlier."""
+    return sorted(_versions(DATA, program) | _versions(LEARNED, program), key=_order)
+
+
+def save_learned(program: str, version: str, help_text: str) -> dict[str, FlagSpec]:
+    """Keep a release's real ``--help`` read from a host; ValueError if it lists no option."""
+    flags = parse_help(help_text)
+    if len(flags) < 5:
+        raise ValueError(f"the --help of {program} {version} lists {len(flags)} options; it does not look like "
+                         "argparse output")
+    path = learned_path(program, version)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(help_text)
+    tmp.replace(path)
+    load_flags.cache_clear()
+    return flags
 
 
 @cache
@@ -60,6 +99,9 @@ def load_flags(program: str, version: str) -> dict[str, FlagSpec]:
         }
     if help_path.exists():
         return parse_help(help_path.read_text())
+    learned = learned_path(program, version)
+    if learned.exists():
+        return parse_help(learned.read_text())
     raise KeyError(f"no captured flags for {program} {version}")
 
 

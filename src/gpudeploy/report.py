@@ -222,6 +222,9 @@ def status_text(results: dict[str, Any]) -> tuple[str, bool]:
                 router = "; ".join(s.router_view) or "-"
             rows.append((s.deployment, host, s.role, s.state, str(s.main_pid or "-"), fmt_uptime(s.uptime_s), ports,
                          s.health, router))
+            if s.gpu_memory:
+                notes.append(f"{host}/{s.role}: GPU memory held by this run: "
+                             + ", ".join(f"GPU {g} {v:.1f} GiB" for g, v in sorted(s.gpu_memory.items())))
             if s.last_failure:
                 notes.append(f"{host}/{s.role}: last failure: {s.last_failure}"
                              + (f"\n    next step: {s.next_step}" if s.next_step else ""))
@@ -234,3 +237,43 @@ def status_text(results: dict[str, Any]) -> tuple[str, bool]:
     widths = [max(len(r[i]) for r in table) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in table]
     return "\n".join(lines + (["", *notes] if notes else [])), ok
+
+
+def facts_text(results: dict[str, Any], hosts: dict[str, Any]) -> tuple[str, bool]:
+    """`invoke facts`: per host, its GPUs as NVML reports them (or the inventory's, marked so),
+    CPUs and NUMA nodes, init system, engines, and every way it differs from the inventory."""
+    from .errors import GpudeployError
+    from .facts.check import layout_problems
+
+    out: list[str] = []
+    ok = True
+    for name, res in results.items():
+        if isinstance(res, GpudeployError):
+            ok = False
+            out.append(f"== {name}: UNREACHABLE: {res}")
+            continue
+        host = hosts[name]
+        source = "NVML" + (f", driver {res.driver}" if res.driver else "") if res.source == "nvml" else \
+            f"no NVML ({res.nvml_error}): the GPUs below are the INVENTORY's, not read from the host"
+        out.append(f"== {name} ({host.address})  init: {res.init}  GPUs: {source}")
+        rows = [("GPU", "NAME", "UUID", "BUS ID", "NUMA", "TOTAL GiB", "USED", "FREE", "PROCESSES")]
+        for g in res.gpus:
+            procs = [p for p in res.processes if p["gpu"] == g["index"]]
+            rows.append((str(g["index"]), g["name"], g["uuid"] or "-", g["bus_id"] or "-",
+                         "-" if g["numa_node"] is None else str(g["numa_node"]), f"{g['total'] / 2**30:.1f}",
+                         "-" if g["used"] is None else f"{g['used'] / 2**30:.1f}",
+                         "-" if g["free"] is None else f"{g['free'] / 2**30:.1f}",
+                         ", ".join(f"{p['pid']} {p['used'] / 2**30:.1f} GiB {p['cmd'][:40]}" for p in procs) or "-"))
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        out += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+        topo = res.topology or {}
+        nodes = "; ".join(f"node {n}: {cpus}" for n, cpus in sorted((topo.get("numa_nodes") or {}).items()))
+        out.append(f"  CPUs: {topo.get('cpus', '?')}" + (f"  NUMA {nodes}" if nodes else ""))
+        for python, found in sorted(res.versions.items()):
+            shown = found.get("error") or ", ".join(f"{k} {v or 'not found'}" for k, v in found.items())
+            out.append(f"  engines with {python}: {shown}")
+        if res.source == "nvml":
+            problems = layout_problems(host, res.gpus)
+            ok = ok and not problems
+            out += [f"  DIFFERS FROM THE INVENTORY: {p}" for p in problems] or ["  matches the inventory's GPUs"]
+    return "\n".join(out), ok

@@ -59,13 +59,16 @@ def write_inventory(root: Path, *, deployment: str, hosts: dict[str, tuple[str, 
 
 # Tests keep their measured memory figures away from the user's own calibration store.
 CALIBRATION = Path(tempfile.gettempdir()) / f"gpudeploy-test-calibration-{os.getpid()}.json"
+# ... and the --help of releases they teach gpudeploy away from the user's own cache of them.
+FLAGS_CACHE = Path(tempfile.gettempdir()) / f"gpudeploy-test-flags-{os.getpid()}"
 
 
 def gd(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
     """Run `invoke ARGS` from the repo, as a user would."""
     return subprocess.run([sys.executable, "-m", "invoke", "--search-root", str(REPO), *args], cwd=REPO,
                           capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "GPUDEPLOY_CALIBRATION": str(CALIBRATION)})
+                          env={**os.environ, "GPUDEPLOY_CALIBRATION": str(CALIBRATION),
+                               "GPUDEPLOY_FLAGS_CACHE": str(FLAGS_CACHE)})
 
 
 def status_json(inventory: Path, *extra: str) -> dict[str, Any]:

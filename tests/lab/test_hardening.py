@@ -234,5 +234,5 @@ def test_a_reused_pid_in_a_run_record_is_never_signalled(deployments: Deployment
 
 def test_plan_and_lab_inventories_name_units_unambiguously() -> None:
     plan = load_plan(str(REPO / "inventory" / "lab.yml"), memory=False)
-    assert sorted(u.name for u in plan.units) == [unit_name("lab", r) for r in ("decode", "prefill", "router")]
+    assert sorted(u.name for u in plan.units) == [unit_name("lab", r) for r in ("decode", "lab-router", "prefill")]
 

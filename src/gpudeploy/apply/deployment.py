@@ -165,7 +165,8 @@ def _run(sessions: dict[str, HostSession], units: list[Unit], secrets: dict[str,
         # Both supervisors' unit files are hashed: which one the host uses is known only now.
         candidates = [p for u in s.units for p in (SYSTEMD.unit_path(u.name), PROCESS.unit_path(u.name), u.env_path)]
         s.facts = probe(s.remote, {"units": [u.name for u in s.units], "ports": True, "gpus": True,
-                                   "files": candidates, "reach": targets})
+                                   "files": candidates, "reach": targets,
+                                   "versions": preflight.versions_spec(host, s.units)})
         s.supervisor = for_host(host, s.facts)
         s.files = {u.name: desired_files(u, secrets, renderer, s.supervisor) for u in s.units}
         s.states = s.supervisor.states(s.facts)

@@ -5,10 +5,27 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import RemoteError
+from ..facts.check import layout_problems, version_problems
 from ..model import Host, Unit
 from ..supervisor.base import Supervisor, UnitState
 
-GPU_MEMORY_TOLERANCE = 0.06  # NVML reports a "96 GB" card as 95.6 GiB
+PACKAGE = {"sglang": "sglang", "sglang_router": "sglang-router"}
+
+
+def engine_releases(host: Host, units: list[Unit]) -> list[tuple[str, str, str, str]]:
+    """(role, python, package, planned release) of every engine unit whose flags the plan checked."""
+    return [(u.role.name, u.role.python or host.python, PACKAGE[u.role.engine], u.engine_version)
+            for u in units if u.role.engine in PACKAGE and u.engine_version]
+
+
+def versions_spec(host: Host, units: list[Unit]) -> dict[str, list[str]]:
+    """What the host probe must read: python -> the engine packages it runs."""
+    out: dict[str, list[str]] = {}
+    for _, python, package, _ in engine_releases(host, units):
+        out.setdefault(python, [])
+        if package not in out[python]:
+            out[python].append(package)
+    return out
 
 
 def problems(host: Host, units: list[Unit], facts: dict[str, Any], states: dict[str, UnitState],
@@ -19,28 +36,20 @@ def problems(host: Host, units: list[Unit], facts: dict[str, Any], states: dict[
     if missing_supervisor:
         out.append(missing_supervisor)
     gpus = facts.get("gpus") or {}
-    devices = {d["index"]: d for d in gpus.get("devices", [])}
     wanted = sorted({g for u in units for g in u.gpus})
     if wanted and gpus.get("error"):
         out.append(f"cannot check the declared GPUs: {gpus['error']}")
     elif wanted:
-        missing = [g for g in wanted if g not in devices]
-        if missing:
-            out.append(f"declared GPUs {missing} do not exist (NVML sees {len(devices)} GPUs)")
-        for g in wanted:
-            if g in devices:
-                real = devices[g]["total"] / 2**30
-                declared = host.gpu_memory_gib.get(g, 0.0)
-                if abs(real - declared) > GPU_MEMORY_TOLERANCE * real:
-                    out.append(f"inventory says GPU {g} has {declared:g} GiB but NVML reports {real:.1f} GiB; "
-                               "fix gpu_memory_gib")
+        out += layout_problems(host, gpus.get("devices", []), wanted)
+    out += version_problems(host, engine_releases(host, units), facts.get("versions") or {})
     mine = {u.name: {p["pid"] for p in states[u.name].procs} for u in units}
     all_mine = set().union(*mine.values()) if mine else set()
     for p in gpus.get("processes", []):
         if p["gpu"] in wanted and p["pid"] not in all_mine and not force:
             owner = next((u.role.name for u in units if p["gpu"] in u.gpus), "?")
+            cmd = f", {p['cmd'][:80]}" if p.get("cmd") else ""
             out.append(f"GPU {p['gpu']} (for role {owner}) is in use by pid {p['pid']} "
-                       f"({p['used'] / 2**30:.1f} GiB), which belongs to no unit being deployed; "
+                       f"({p['used'] / 2**30:.1f} GiB{cmd}), which belongs to no unit being deployed; "
                        "stop it or use --force")
     listening = {int(k): v for k, v in facts.get("listening", {}).items()}
     for u in units:

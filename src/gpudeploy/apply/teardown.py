@@ -29,7 +29,7 @@ from .order import RANKS, kind_rank, stop_rank
 from .sessions import Session, open_sessions
 
 RUNS_DIR = "/var/lib/gpudeploy/runs"
-LINGER_S = 5.0  # a SIGKILLed process lingers until its parent reaps it
+LINGER_S = 10.0  # how long a stopped run's processes and GPU memory may take to go
 STOP_MARGIN_S = 30.0  # what a stop may take beyond the units' own stop timeouts
 
 
@@ -163,11 +163,17 @@ def prove_clean(remote: Transport, supervisor: Supervisor, host: Host, before: d
                 elif word in ("refused", "spared"):
                     out.refused.append(rest)
         outcomes.append(out)
+    unit_gpus = {g for u in planned.values() for g in u.gpus}
     deadline = time.monotonic() + LINGER_S
-    while True:  # a SIGKILLed process lingers until its parent reaps it; wait for that, bounded
+    while True:
+        # A SIGKILLed process lingers until its parent reaps it, and the driver frees a dead
+        # process's GPU memory a moment later: wait for both, bounded.
         final_facts = probe(remote, {"units": names, "gpus": True})
         final = supervisor.states(final_facts)
-        if not any(st.procs or st.recorded_alive for st in final.values()) or time.monotonic() > deadline:
+        on_gpus = [p for p in (final_facts.get("gpus") or {}).get("processes", []) if p["gpu"] in unit_gpus]
+        if not any(st.procs or st.recorded_alive for st in final.values()) and not on_gpus:
+            break
+        if time.monotonic() > deadline:
             break
         time.sleep(0.2)
     gpus = final_facts.get("gpus") or {}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import Problem
@@ -46,13 +47,31 @@ def engine_version(host: Host, role: Role, problems: list[Problem]) -> str | Non
             key="engine_versions"))
         return None
     if version not in known:
-        problems.append(Problem(
-            f"unsupported {program} release {version!r}: gpudeploy has the real --help of "
-            f"{', '.join(known)} only", file=host.where.file if host.where else None,
+        problems.append(FlagsNotKnown(
+            f"{program} {version} is a release gpudeploy has not captured (it has the real --help of "
+            f"{', '.join(known)}); `invoke deploy` reads its --help from {host.name} once and checks "
+            "the flags against it", file=host.where.file if host.where else None,
             line=host.where.line if host.where else None, host=host.name, role=role.name,
-            key="engine_versions" if role.version is None else "version"))
+            key="engine_versions" if role.version is None else "version",
+            program=program, version=version, python=role.python or host.python))
         return None
     return version
+
+
+MODULES = {"sglang": "sglang.launch_server", "sglang_router": "sglang_router.launch_router"}
+
+
+@dataclass(frozen=True)
+class FlagsNotKnown(Problem):
+    """A release whose --help gpudeploy has not seen: deploy can learn it from the host."""
+
+    program: str = ""
+    version: str = ""
+    python: str = ""
+
+    @property
+    def module(self) -> str:
+        return MODULES[self.program]
 
 
 def flag_for(program: str, version: str, name: str) -> str:

@@ -63,26 +63,35 @@ def all_stats() -> list[dict[str, Any]]:
 
 
 def run_processes(run: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every live process of a run: in the server's session, or descended from the server (a
-    worker that called setsid), or recorded at gate time: each by PID and start time."""
+    """Every live process of a run: descended from its monitor (which adopts the server's orphans)
+    or from the server, in the server's session, or recorded at gate time; each by PID and start
+    time. The monitor itself is not one of them."""
     stats = all_stats()
-    server: dict[str, Any] | None = next(
-        (s for s in stats if s["pid"] == run["pid"] and s["start_ticks"] == run["start_ticks"]), None)
-    started = run["start_ticks"]
-    found = {s["pid"]: s for s in stats
-             if s["state"] != "Z" and s["start_ticks"] >= started and s["sid"] == run["pid"]}
-    if server is not None:
-        found[server["pid"]] = server
-        children: dict[int, list[dict[str, Any]]] = {}
-        for s in stats:
-            children.setdefault(s["ppid"], []).append(s)
-        todo = [server["pid"]]
-        while todo:
-            for child in children.get(todo.pop(), []):
-                if child["pid"] not in found and child["state"] != "Z":
-                    found[child["pid"]] = child
-                    todo.append(child["pid"])
     by_pid = {s["pid"]: s for s in stats}
+    started = run["start_ticks"]
+    # The server's session: its members keep the server's PID as their session id after it exits
+    # (the kernel does not reuse a PID while a session holds it). A live process WITH that PID that
+    # is not the server leads someone else's session: then none of it is ours.
+    leader = by_pid.get(run["pid"])
+    ours = leader is None or leader["start_ticks"] == run["start_ticks"]
+    found = {s["pid"]: s for s in stats
+             if ours and s["state"] != "Z" and s["start_ticks"] >= started and s["sid"] == run["pid"]}
+    roots = []
+    server = by_pid.get(run["pid"])
+    if server is not None and server["start_ticks"] == run["start_ticks"]:
+        found[server["pid"]] = server
+        roots.append(server["pid"])
+    monitor = by_pid.get(int(run.get("monitor") or 0))
+    if monitor is not None and monitor["start_ticks"] == run.get("monitor_ticks"):
+        roots.append(monitor["pid"])
+    children: dict[int, list[dict[str, Any]]] = {}
+    for s in stats:
+        children.setdefault(s["ppid"], []).append(s)
+    while roots:
+        for child in children.get(roots.pop(), []):
+            if child["pid"] not in found and child["state"] != "Z" and child["pid"] != run.get("monitor"):
+                found[child["pid"]] = child
+                roots.append(child["pid"])
     for r in run.get("recorded", []):
         rec = by_pid.get(r["pid"])
         if rec is not None and rec["start_ticks"] == r["start_ticks"] and rec["state"] != "Z":
@@ -166,7 +175,7 @@ def start(unit: str) -> dict[str, Any]:
     old = read_json(f"{RUNS_DIR}/{unit}.json")
     restarted = bool(old and alive(old["pid"], old["start_ticks"]))
     if old and restarted:
-        stop(unit, float(spec.get("stop_timeout_s", 30)))
+        stop([unit])
     run_id = uuid.uuid4().hex
     log = f"{LOG_DIR}/{unit}/{run_id}.log"
     os.makedirs(os.path.dirname(log), exist_ok=True)
@@ -198,6 +207,7 @@ def _monitor(unit: str, spec: dict[str, Any], run_id: str, log: str, start_us: i
     devnull_fd = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(devnull_fd, fd)
+    _become_subreaper()
     env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
     env.update(env_file(spec["env_file"]))
     out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
@@ -223,19 +233,41 @@ def _monitor(unit: str, spec: dict[str, Any], run_id: str, log: str, start_us: i
             os.write(2, f"gpudeploy: cannot start {spec['argv'][0]}: {exc}\n".encode())
             os._exit(127)
     st = stat_of(server) or {"start_ticks": 0}
+    me = stat_of(os.getpid()) or {"start_ticks": 0}
     run = {"unit": unit, "run_id": run_id, "pid": server, "start_ticks": st["start_ticks"], "log": log,
-           "start_us": start_us, "monitor": os.getpid()}
+           "start_us": start_us, "monitor": os.getpid(), "monitor_ticks": me["start_ticks"]}
     write_json(f"{RUNS_DIR}/{unit}.json", run)
     os.write(report, json.dumps(run).encode())
     os.close(report)
-    _, status = os.waitpid(server, 0)
-    if os.WIFSIGNALED(status):
-        words = {"code": "killed", "status": signal.Signals(os.WTERMSIG(status)).name[3:]}
-    else:
-        words = {"code": "exited", "status": str(os.WEXITSTATUS(status))}
-    current = read_json(f"{RUNS_DIR}/{unit}.json") or {}
-    write_json(f"{RUNS_DIR}/{unit}.exit-{run_id}.json", {**words, "at_us": time.time_ns() // 1000,
-                                                         "stopped": bool(current.get("stopping"))})
+    # Reap the server and every orphan of it adopted here (see _become_subreaper) until none is
+    # left; the server's own exit is what the run ended with.
+    while True:
+        try:
+            pid, status = os.waitpid(-1, 0)
+        except ChildProcessError:
+            return
+        if pid != server:
+            continue
+        if os.WIFSIGNALED(status):
+            words = {"code": "killed", "status": signal.Signals(os.WTERMSIG(status)).name[3:]}
+        else:
+            words = {"code": "exited", "status": str(os.WEXITSTATUS(status))}
+        current = read_json(f"{RUNS_DIR}/{unit}.json") or {}
+        write_json(f"{RUNS_DIR}/{unit}.exit-{run_id}.json", {**words, "at_us": time.time_ns() // 1000,
+                                                             "stopped": bool(current.get("stopping"))})
+
+
+def _become_subreaper() -> None:
+    """Orphans of the server (a TP worker that double-forked into a session of its own) become the
+    monitor's children instead of init's: still descendants, so a stop finds them by ancestry
+    (Linux prctl PR_SET_CHILD_SUBREAPER; without it, the PIDs recorded at gate time remain)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass
 
 
 def _kill_exact(procs: list[dict[str, Any]], sig: int) -> None:
@@ -245,29 +277,47 @@ def _kill_exact(procs: list[dict[str, Any]], sig: int) -> None:
                 os.kill(p["pid"], sig)
 
 
-def stop(unit: str, timeout_s: float) -> dict[str, Any]:
-    run = read_json(f"{RUNS_DIR}/{unit}.json")
-    if run is None:
-        return {"unit": unit, "was": "inactive"}
-    run["recorded"] = (read_json(f"/var/lib/gpudeploy/runs/{unit}.json") or {}).get("pids", [])
-    server_alive = alive(run["pid"], run["start_ticks"])
-    write_json(f"{RUNS_DIR}/{unit}.json", {**run, "stopping": True})
-    if server_alive:
-        with contextlib.suppress(ProcessLookupError):  # the server leads its group (setsid): pgid == its PID
-            os.killpg(run["pid"], signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and run_processes(run):
-        time.sleep(0.1)
-    left = run_processes(run)
-    if left and alive(run["pid"], run["start_ticks"]):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(run["pid"], signal.SIGKILL)
-    _kill_exact(run_processes(run), signal.SIGKILL)
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and run_processes(run):
+def stop(units: list[str]) -> list[dict[str, Any]]:
+    """Stop several units at once: SIGTERM to each server's process group, then, once a unit's
+    own stop timeout (its spec's, like TimeoutStopSec=) has passed with processes left, SIGKILL to
+    the group and to every process of the run, each by PID and start time."""
+    runs: dict[str, dict[str, Any]] = {}
+    out: dict[str, dict[str, Any]] = {}
+    for unit in units:
+        run = read_json(f"{RUNS_DIR}/{unit}.json")
+        if run is None:
+            out[unit] = {"unit": unit, "was": "inactive", "left": []}
+            continue
+        spec = read_json(f"{UNITS_DIR}/{unit}.json") or {}
+        run["recorded"] = (read_json(f"/var/lib/gpudeploy/runs/{unit}.json") or {}).get("pids", [])
+        run["deadline"] = time.monotonic() + float(spec.get("stop_timeout_s", 30))
+        run["was_alive"] = alive(run["pid"], run["start_ticks"])
+        write_json(f"{RUNS_DIR}/{unit}.json", {**{k: v for k, v in run.items() if k not in ("deadline",
+                                                                                                "was_alive")},
+                                               "stopping": True})
+        if run["was_alive"]:
+            with contextlib.suppress(ProcessLookupError):  # the server leads its group (setsid): pgid == its PID
+                os.killpg(run["pid"], signal.SIGTERM)
+        runs[unit] = run
+    pending = dict(runs)
+    while pending:
+        for unit, run in list(pending.items()):
+            if not run_processes(run):
+                del pending[unit]
+            elif time.monotonic() >= run["deadline"]:
+                if alive(run["pid"], run["start_ticks"]):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(run["pid"], signal.SIGKILL)
+                _kill_exact(run_processes(run), signal.SIGKILL)
+                run["deadline"] = time.monotonic() + 5  # for the kernel and the monitor to reap them
+                run["killed"] = run.get("killed", 0) + 1
+                if run["killed"] > 2:
+                    del pending[unit]
         time.sleep(0.05)
-    left = [p["pid"] for p in run_processes(run)]
-    return {"unit": unit, "was": "active" if server_alive else "inactive", "left": left}
+    for unit, run in runs.items():
+        out[unit] = {"unit": unit, "was": "active" if run["was_alive"] else "inactive",
+                     "left": [p["pid"] for p in run_processes(run)]}
+    return [out[u] for u in units]
 
 
 def watch(wanted: list[dict[str, Any]]) -> None:
@@ -386,8 +436,8 @@ if __name__ == "__main__":
     if command == "start":
         _emit(start(arg["unit"]))
     elif command == "stop":
-        for u in arg["units"]:
-            _emit(stop(u, float(arg["timeout_s"])))
+        for result in stop(arg["units"]):
+            _emit(result)
     elif command == "watch":
         watch(arg["runs"])
     elif command == "logs":

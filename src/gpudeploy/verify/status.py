@@ -37,11 +37,13 @@ class UnitStatus:
     next_step: str | None = None
     address: str = ""
     workers: list[dict[str, Any]] | None = None  # a router's own view of its workers (/workers)
+    gpu_memory: dict[int, float] = field(default_factory=dict)  # GPU -> GiB its run's processes hold (NVML)
     router_view: list[str] = field(default_factory=list)  # an engine as its routers see it
 
     def to_json(self) -> dict[str, Any]:
         return {"host": self.host, "unit": self.unit, "role": self.role, "deployment": self.deployment,
                 "state": self.state, "workers": self.workers, "router_view": self.router_view,
+                "gpu_memory_gib": {str(g): v for g, v in self.gpu_memory.items()},
                 "main_pid": self.main_pid, "uptime_s": self.uptime_s, "ports": self.ports, "health": self.health,
                 "healthy": self.healthy, "deployed": self.deployed, "pids": [p["pid"] for p in self.procs],
                 "orphans": [{"pid": p["pid"], "cmd": p["cmd"]} for p in self.orphans],
@@ -64,7 +66,7 @@ def host_status(host: Host, units: list[Unit], deployment_names: list[str], defa
     http.update({f"{u.name}#workers": f"http://{u.host.address}:{u.ports['http']}/workers" for u in units
                  if u.role.engine == "sglang_router" and "http" in u.ports})
     spec = {"units": [u.name for u in units], "deployments": deployment_names, "journal_lines": journal_lines,
-            "http": http}
+            "http": http, "gpus": any(u.gpus for u in units)}
     if host.connection == "ssh" and openssh.available():
         facts = probe(openssh.OpenSsh(host), spec)
     else:  # this machine itself, or paramiko where there is no OpenSSH client
@@ -78,6 +80,10 @@ def host_status(host: Host, units: list[Unit], deployment_names: list[str], defa
         got = facts.get("http", {}).get(name)
         health = "-" if unit is None or not unit.health_url else str(got["status"]) if got and got["status"] else "down"
         s = _status(host, st, unit, health, facts["now"], default)
+        mine = {p["pid"] for p in st.procs}
+        for p in (facts.get("gpus") or {}).get("processes", []):
+            if p["pid"] in mine:
+                s.gpu_memory[p["gpu"]] = round(s.gpu_memory.get(p["gpu"], 0.0) + p["used"] / 2**30, 2)
         workers = facts.get("http", {}).get(f"{name}#workers")
         if workers is not None and workers.get("status") == 200:
             s.workers = parse_workers(workers.get("json"))
