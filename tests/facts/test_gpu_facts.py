@@ -53,3 +53,16 @@ def test_a_host_running_another_release_than_planned_is_named() -> None:
                              {"/opt/sglang/bin/python": {"sglang": "0.5.24"}})
     assert found and "has sglang 0.5.24, but the plan rendered role decode's flags for 0.5.23" in found[0]
     assert version_problems(_host(), [("decode", "py", "sglang", "0.5.23")], {"py": {"sglang": "0.5.23"}}) == []
+
+
+def test_what_facts_reported_on_the_real_h200_checks_against_an_inventory() -> None:
+    # `invoke facts --json` on the device's H200 (bench/device_process.py, 2026-12-01): NVML gave no
+    # NUMA node there (NotSupported, and no sysfs node for the device), which stays unknown.
+    import json
+
+    doc = json.loads((Path(__file__).parent / "data" / "h200-facts-2026-12-01.json").read_text())["h200"]
+    [gpu] = doc["gpus"]
+    assert gpu["name"] == "NVIDIA H200" and gpu["uuid"].startswith("GPU-") and gpu["numa_node"] is None
+    assert layout_problems(_host(mem=140.4), doc["gpus"]) == []
+    assert layout_problems(_host(mem=48.0), doc["gpus"]) == [
+        "inventory says GPU 0 has 48 GiB but NVML reports 140.4 GiB; fix gpu_memory_gib"]

@@ -33,8 +33,11 @@ UNIT_DIR = "/etc/systemd/system"
 def systemctl_show(units: list[str]) -> dict[str, dict[str, str]]:
     if not units:
         return {}
-    out = subprocess.run(["systemctl", "show", "-p", PROPS, "--", *units], capture_output=True, text=True,
-                         check=False).stdout
+    try:  # a container without systemd may have no systemctl at all: then no systemd units
+        out = subprocess.run(["systemctl", "show", "-p", PROPS, "--", *units], capture_output=True, text=True,
+                             check=False).stdout
+    except OSError:
+        return {}
     result: dict[str, dict[str, str]] = {}
     for block in out.split("\n\n"):
         props = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
@@ -243,8 +246,11 @@ def help_text(python: str, module: str) -> dict[str, Any]:
 def journal(invocation: str, unit: str, lines: int) -> list[str]:
     if not invocation or lines <= 0:
         return []
-    res = subprocess.run(["journalctl", "--no-pager", "-o", "cat", "-n", str(lines),
-                          f"_SYSTEMD_INVOCATION_ID={invocation}"], capture_output=True, text=True, check=False)
+    try:
+        res = subprocess.run(["journalctl", "--no-pager", "-o", "cat", "-n", str(lines),
+                              f"_SYSTEMD_INVOCATION_ID={invocation}"], capture_output=True, text=True, check=False)
+    except OSError:
+        return []
     return res.stdout.splitlines()
 
 
