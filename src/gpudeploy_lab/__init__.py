@@ -5,14 +5,31 @@
     each host: /etc/gpudeploy-lab/gpus.json (8 fake GPUs), the repo's src/ and lab/shims/ read-only
     at /opt/gpudeploy/, so ``python3 -m sglang.launch_server`` runs the stand-in engine
 
+    up(3, no_systemd=["lab3"]): lab3 without systemd (sshd under nspawn's stub init, like a rented GPU box)
+    set_sglang_release("lab2", "0.5.99", "0.5.10"): a stand-in release gpudeploy has not captured
+    remove_nvml("lab2") / restore_nvml("lab2"): a host without an NVIDIA driver, and back
+
 Use ``invoke lab.up|lab.down|lab.status`` or ``python -m gpudeploy_lab up|down|status``. Needs root.
 This package imports only the standard library (tasks.py adds invoke).
 """
 
 from gpudeploy_lab.config import KNOWN_HOSTS, SSH_KEY, Host, lab_hosts
-from gpudeploy_lab.control import HostStatus, down, leftovers, precondition_problem, status, up
+from gpudeploy_lab.control import (
+    NO_SYSTEMD,
+    HostStatus,
+    clear_sglang_release,
+    down,
+    leftovers,
+    precondition_problem,
+    remove_nvml,
+    restore_nvml,
+    set_sglang_release,
+    status,
+    up,
+)
 from gpudeploy_lab.sshclient import ssh, ssh_argv
 from gpudeploy_lab.system import LabError
 
-__all__ = ["KNOWN_HOSTS", "SSH_KEY", "Host", "HostStatus", "LabError", "down", "lab_hosts", "leftovers",
-           "precondition_problem", "ssh", "ssh_argv", "status", "up"]
+__all__ = ["KNOWN_HOSTS", "NO_SYSTEMD", "SSH_KEY", "Host", "HostStatus", "LabError", "clear_sglang_release", "down",
+           "lab_hosts", "leftovers", "precondition_problem", "remove_nvml", "restore_nvml", "set_sglang_release",
+           "ssh", "ssh_argv", "status", "up"]

@@ -1,5 +1,5 @@
-"""``python -m gpudeploy_lab up [--hosts N] [--private A:B] | down | status | engine | router | private A B``:
-the lab without invoke."""
+"""``python -m gpudeploy_lab up [--hosts N] [--private A:B] [--no-systemd H] [--extra H] | down | status | engine
+| router | private A B | sglang H VERSION [FLAGS_LIKE] | nvml H [--restore]``: the lab without invoke."""
 
 from __future__ import annotations
 
@@ -17,11 +17,29 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--hosts", type=int, default=3, help="how many hosts: lab1..labN (default 3)")
     up.add_argument("--private", action="append", default=[], metavar="BASTION:HOST",
                     help="HOST reachable at 10.232.<N>.2 only through BASTION (repeatable)")
+    up.add_argument("--no-systemd", action="append", default=[], metavar="HOST[,HOST]",
+                    help="boot HOST without systemd (sshd under nspawn's stub init, like a rented GPU "
+                    "container); booted also when beyond --hosts (repeatable)")
+    up.add_argument("--extra", action="append", default=[], metavar="HOST[,HOST]",
+                    help="boot HOST too, beyond lab1..labN (repeatable; --hosts 0 boots only these)")
+    rel = sub.add_parser("sglang", help="make a running host's stand-in SGLang report VERSION and take "
+                         "the flags of the captured FLAGS_LIKE (or --clear)")
+    rel.add_argument("host")
+    rel.add_argument("version", nargs="?")
+    rel.add_argument("flags_like", nargs="?")
+    rel.add_argument("--clear", action="store_true", help="back to the default 0.5.23")
+    nvml = sub.add_parser("nvml", help="take a running host's (fake) NVIDIA driver away, or --restore it")
+    nvml.add_argument("host")
+    nvml.add_argument("--driver-not-loaded", action="store_true",
+                      help="library there, driver not: NVMLError_DriverNotLoaded instead of LibraryNotFound")
+    nvml.add_argument("--restore", action="store_true", help="give the host its GPUs back")
     priv = sub.add_parser("private", help="put a running host behind a bastion (a private link)")
     priv.add_argument("bastion")
     priv.add_argument("host")
     priv.add_argument("--remove", action="store_true", help="take the private link away again")
-    sub.add_parser("down", help="stop every lab host and remove everything it left")
+    dn = sub.add_parser("down", help="stop every lab host and remove everything it left")
+    dn.add_argument("--only", action="append", default=[], metavar="HOST[,HOST]",
+                    help="only these hosts; the others keep running (repeatable)")
     sub.add_parser("status", help="print each lab host's state")
     sub.add_parser("engine", help="build (once, cached) everything the hosts mount read-only: the vLLM CPU "
                    "venv with its tiny model, and the real sglang-router venv")
@@ -29,7 +47,21 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "up":
-            control.up(args.hosts, private=[pair for item in args.private for pair in control.parse_pairs(item)])
+            control.up(args.hosts, private=[pair for item in args.private for pair in control.parse_pairs(item)],
+                       no_systemd=[n for item in args.no_systemd for n in control.parse_names(item)],
+                       extra=[n for item in args.extra for n in control.parse_names(item)])
+        elif args.command == "sglang":
+            if args.clear:
+                control.clear_sglang_release(args.host)
+            elif args.version:
+                control.set_sglang_release(args.host, args.version, args.flags_like)
+            else:
+                raise ValueError("give VERSION [FLAGS_LIKE], or --clear")
+        elif args.command == "nvml":
+            if args.restore:
+                control.restore_nvml(args.host)
+            else:
+                control.remove_nvml(args.host, driver_not_loaded=args.driver_not_loaded)
         elif args.command == "private":
             if args.remove:
                 control.remove_private_link(args.bastion, args.host)
@@ -40,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "router":
             engine.ensure_router()
         elif args.command == "down":
-            control.down()
+            control.down([n for item in args.only for n in control.parse_names(item)])
         else:
             statuses = control.status()
             for st in statuses:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import json
 import os
 import shutil
 import socket
@@ -13,9 +14,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpudeploy import flagspec
 from gpudeploy_lab import config, host, rootfs
 from gpudeploy_lab.config import Host, PrivateLink, host_named, lab_hosts, repo_root
 from gpudeploy_lab.sshclient import SSH_FAILED, ensure_key, ssh, write_known_hosts
+from gpudeploy_lab.standin import release
 from gpudeploy_lab.system import (
     LabError,
     cgroup_pids,
@@ -26,6 +29,7 @@ from gpudeploy_lab.system import (
     pss_kib,
     remove_cgroup_tree,
     run,
+    write_file,
 )
 
 # executable -> Debian package that provides it (the rootfs is cached as a directory: no zstd needed)
@@ -33,21 +37,31 @@ TOOLS = {"systemd-nspawn": "systemd-container", "mmdebstrap": "mmdebstrap", "ip"
          "ssh": "openssh-client", "ssh-keygen": "openssh-client"}
 
 
+NO_SYSTEMD = "no systemd"  # HostStatus.systemd of a host booted without it (up(no_systemd=...))
+
+
 @dataclass(frozen=True)
 class HostStatus:
     host: Host
     up: bool  # nspawn running with its root mounted and its netns present
     ssh_ok: bool
-    systemd: str  # `systemctl is-system-running`: running, degraded, starting, ... or "-"
+    # `systemctl is-system-running`: running, degraded, starting, ...; NO_SYSTEMD on a host without
+    # systemd (no /run/systemd/system there); "-" when unknown (down, or no ssh)
+    systemd: str
     failed_units: tuple[str, ...] = ()
     pss_kib: int = 0  # proportional RAM of every process of the host (nspawn included)
+
+    @property
+    def has_systemd(self) -> bool:
+        return self.systemd != NO_SYSTEMD
 
     def line(self) -> str:
         failed = f" failed: {', '.join(self.failed_units)}" if self.failed_units else ""
         # A host that is not up but still has processes lost its nspawn: up or down sweeps it.
         state = "up" if self.up else "crashed" if self.pss_kib else "down"
+        init = f"systemd {self.systemd:<9}" if self.has_systemd else f"{NO_SYSTEMD:<17}"
         return (f"{self.host.name:<6} {state:<7} {self.host.address:<12} "
-                f"ssh {'ok' if self.ssh_ok else 'no':<3} systemd {self.systemd:<9} "
+                f"ssh {'ok' if self.ssh_ok else 'no':<3} {init} "
                 f"ram {self.pss_kib / 1024:.0f} MiB{failed}")
 
 
@@ -131,7 +145,11 @@ def probe(h: Host, wait: bool = False, timeout: float = 10) -> HostStatus:
     if not host.is_running(h):
         return HostStatus(h, up=False, ssh_ok=False, systemd="-", pss_kib=_host_pss(h))
     is_running = "systemctl is-system-running" + (" --wait" if wait else "")
-    result = ssh(h.address, f"{is_running}; systemctl list-units --failed --plain --no-legend", timeout=timeout)
+    # The host itself says whether systemd runs there (systemd's own test, sd_booted()): a host
+    # without it is asked nothing of systemctl
+    result = ssh(h.address, f"if [ -d /run/systemd/system ]; then {is_running}; "
+                 f"systemctl list-units --failed --plain --no-legend; else echo '{NO_SYSTEMD}'; fi",
+                 timeout=timeout)
     if result.returncode == SSH_FAILED:
         return HostStatus(h, up=True, ssh_ok=False, systemd="-", pss_kib=_host_pss(h))
     state, *failed = result.stdout.splitlines() or ["?"]
@@ -154,23 +172,57 @@ def running_hosts() -> list[Host]:
 
 # --- up -------------------------------------------------------------------------------------------
 
-def up(count: int = 3, repo: Path | None = None, timeout: float = 120,
-       private: Sequence[tuple[str, str]] = ()) -> list[HostStatus]:
-    """Make lab1..lab<count> run and be ready; hosts already running stay as they are.
+def _named(names: Sequence[str | Host], what: str) -> list[Host]:
+    hosts = []
+    for name in names:
+        h = name if isinstance(name, Host) else host_named(name)
+        if h is None:
+            raise ValueError(f"{what}: not a lab host name: {name!r} (lab1..lab{config.MAX_HOSTS})")
+        hosts.append(h)
+    return hosts
 
+
+def parse_names(text: str) -> list[str]:
+    """``lab3,lab9`` -> ["lab3", "lab9"] (for --no-systemd and --extra)."""
+    return [n.strip() for n in text.split(",") if n.strip()]
+
+
+def up(count: int = 3, repo: Path | None = None, timeout: float = 120,
+       private: Sequence[tuple[str, str]] = (), no_systemd: Sequence[str | Host] = (),
+       extra: Sequence[str | Host] = ()) -> list[HostStatus]:
+    """Make lab1..lab<count> (``count`` may be 0), the hosts in ``extra`` and those in ``no_systemd``
+    run and be ready; other hosts already running stay as they are.
+
+    ``no_systemd``: hosts booted like a rented GPU container, without systemd (see
+    :func:`gpudeploy_lab.host.nspawn_argv`): ``--as-pid2`` under nspawn's stub init, sshd in the
+    foreground, no ``/run/systemd/system``; ssh, key, known_hosts, address, fake NVML and stand-ins as
+    on the others; their status says ``no systemd``. E.g. ``up(3, no_systemd=["lab3"])``, or
+    ``up(0, no_systemd=["lab9"])`` for one such host beside whatever runs. A wanted host that is up
+    in the other mode is rebooted in the wanted one (its deployments are gone).
     ``private``: (bastion, host) pairs to connect with :func:`add_private_link` once all are ready.
     """
-    wanted = lab_hosts(count)
+    bare = set(_named(no_systemd, "no_systemd"))
+    wanted = sorted(set(lab_hosts(count) if count else []) | set(_named(extra, "extra")) | bare,
+                    key=lambda h: h.index)
+    if not wanted:
+        raise ValueError("no hosts wanted: give a count of at least 1, or extra / no_systemd hosts")
     links = [_private_link(a, b) for a, b in private]
     for lk in links:
         if lk.bastion not in wanted or lk.private not in wanted:
-            raise ValueError(f"--private {lk.bastion.name}:{lk.private.name}: both must be among lab1..lab{count}")
+            raise ValueError(f"--private {lk.bastion.name}:{lk.private.name}: both must be among the hosts "
+                             f"wanted ({', '.join(h.name for h in wanted)})")
     ensure_tools()
     with _locked():
         started = time.monotonic()
         base = rootfs.ensure_rootfs()
         authorized_key = ensure_key()
-        keep = [h for h in traced_hosts() if host.is_running(h)]
+        running = [h for h in traced_hosts() if host.is_running(h)]
+        # a wanted host up in the other mode boots again in the wanted one
+        wrong = [h for h in running if h in wanted and host.boots_systemd(h) is (h in bare)]
+        keep = [h for h in running if h not in wrong]
+        for h in wrong:
+            print(f"lab: {h.name} runs {'with' if h in bare else 'without'} systemd; booting it again "
+                  f"{'without' if h in bare else 'with'}", flush=True)
         _sweep([h for h in traced_hosts() if h not in keep])
         new = [h for h in wanted if h not in keep]
         every = sorted(set(keep) | set(wanted), key=lambda h: h.index)
@@ -179,8 +231,10 @@ def up(count: int = 3, repo: Path | None = None, timeout: float = 120,
             host.prepare(h, base, authorized_key)
         _write_names(every)  # keeps the private links among kept hosts in /etc/hosts and known_hosts
         for h in new:
-            host.start(h, repo or repo_root())
-        print(f"lab: {len(new)} host(s) booting, {len(keep)} already up", flush=True)
+            host.start(h, repo or repo_root(), systemd=h not in bare)
+        print(f"lab: {len(new)} host(s) booting, {len(keep)} already up"
+              + (f" ({', '.join(h.name for h in new if h in bare)} without systemd)" if bare & set(new) else ""),
+              flush=True)
         statuses = [_wait_ready(h, started + timeout) for h in every]
         print(f"lab: {len(every)} host(s) ready in {time.monotonic() - started:.1f} s", flush=True)
         for lk in links:
@@ -194,6 +248,70 @@ def _write_names(hosts: list[Host]) -> None:
     for h in hosts:
         host.write_etc_hosts(h, hosts, links)
     write_known_hosts(((h, host.host_public_key(h)) for h in hosts), links)
+
+
+# --- what a running host pretends to have (files the stand-ins read) ------------------------------
+
+GUEST_GPUS_JSON = "etc/gpudeploy-lab/gpus.json"  # the fake NVML's GPUs (pynvml shim)
+GUEST_GPUS_HIDDEN = "etc/gpudeploy-lab/.gpus.json.removed"  # where remove_nvml keeps them
+GUEST_SGLANG_JSON = release.DEFAULT_RELEASE_FILE.lstrip("/")  # the stand-in's release
+
+
+def _running_host(name: str | Host) -> Host:
+    h = name if isinstance(name, Host) else host_named(name)
+    if h is None:
+        raise ValueError(f"not a lab host name: {name!r}")
+    if not host.is_running(h):
+        raise LabError(f"{h.name} is not up")
+    return h
+
+
+def set_sglang_release(name: str | Host, version: str, flags_like: str | None = None) -> None:
+    """Make the host's stand-in SGLang a release gpudeploy has not captured: ``import sglang`` reports
+    ``version``; ``python3 -m sglang.launch_server`` takes the flags of the captured ``flags_like``
+    (default: ``version`` itself) and prints its captured ``--help`` verbatim. E.g.
+    ``set_sglang_release("lab2", "0.5.99", "0.5.10")`` (0.5.10 spells ``--cuda-graph-max-bs``, 0.5.23
+    ``--cuda-graph-max-bs-decode``). Writes /etc/gpudeploy-lab/sglang.json, seen at once by new
+    processes; ``SGLANG_STANDIN_VERSION`` in a process's environment still wins.
+    """
+    h = _running_host(name)
+    like = flags_like or version
+    if not flagspec._files("sglang", like)[1].is_file():
+        captured = sorted(p.name.split("-")[1] for p in flagspec.DATA.glob("sglang-*-launch_server-help.txt"))
+        raise ValueError(f"flags_like={like!r}: no captured --help of sglang {like}; captured: "
+                         f"{', '.join(captured)}")
+    write_file(h.root / GUEST_SGLANG_JSON, release.release_json(version, like))
+
+
+def clear_sglang_release(name: str | Host) -> None:
+    """Undo :func:`set_sglang_release`: the stand-in is 0.5.23 again (nothing happens if it was)."""
+    (_running_host(name).root / GUEST_SGLANG_JSON).unlink(missing_ok=True)
+
+
+def remove_nvml(name: str | Host, driver_not_loaded: bool = False) -> None:
+    """Make the host look like one without an NVIDIA driver: its gpus.json goes aside, so ``import
+    pynvml; pynvml.nvmlInit()`` raises ``NVMLError_LibraryNotFound`` ("NVML Shared Library Not Found",
+    what nvidia-ml-py raises when libnvidia-ml.so.1 cannot be loaded). ``driver_not_loaded``: the
+    library is there but the kernel driver is not: ``NVMLError_DriverNotLoaded`` ("Driver Not Loaded").
+    Idempotent; :func:`restore_nvml` brings the GPUs back."""
+    h = _running_host(name)
+    gpus, hidden = h.root / GUEST_GPUS_JSON, h.root / GUEST_GPUS_HIDDEN
+    if gpus.is_file() and not hidden.exists():
+        gpus.replace(hidden)
+    if driver_not_loaded:
+        write_file(gpus, json.dumps({"init_error": "DRIVER_NOT_LOADED"}) + "\n")
+    else:
+        gpus.unlink(missing_ok=True)
+
+
+def restore_nvml(name: str | Host) -> None:
+    """Undo :func:`remove_nvml`: the gpus.json it put aside (else the lab's 8 stand-in GPUs) is back."""
+    h = _running_host(name)
+    gpus, hidden = h.root / GUEST_GPUS_JSON, h.root / GUEST_GPUS_HIDDEN
+    if hidden.is_file():
+        hidden.replace(gpus)
+    else:
+        write_file(gpus, host.gpus_json(h))
 
 
 # --- private links (a bastion topology) -----------------------------------------------------------
@@ -300,8 +418,11 @@ def _wait_ready(h: Host, deadline: float) -> HostStatus:
             raise LabError(f"{h.name}: no ssh at {h.address} before the deadline; see {h.log_file}")
         time.sleep(0.2)
     st = probe(h, wait=True, timeout=max(1.0, deadline - time.monotonic()))
-    if st.systemd not in ("running", "degraded"):
+    with_systemd = host.boots_systemd(h) is not False
+    if with_systemd and st.systemd not in ("running", "degraded"):
         raise LabError(f"{h.name}: systemd state {st.systemd!r} after boot; see {h.log_file}")
+    if not with_systemd and st.systemd != NO_SYSTEMD:
+        raise LabError(f"{h.name}: booted without systemd, but the host says {st.systemd!r}; see {h.log_file}")
     print(st.line(), flush=True)
     return st
 
@@ -315,14 +436,30 @@ def _tail(path: Path, lines: int = 15) -> str:
 
 # --- down -----------------------------------------------------------------------------------------
 
-def down() -> None:
-    """Stop every lab host and remove everything the lab (or a crashed earlier run) left behind."""
+def down(hosts: Sequence[str | Host] = ()) -> None:
+    """Stop every lab host and remove everything the lab (or a crashed earlier run) left behind.
+
+    ``hosts``: only these (e.g. ``down(["lab9"])`` after ``up(0, no_systemd=["lab9"])``), whatever state
+    they are in; the others keep running, with /etc/hosts and known_hosts rewritten without them. When
+    none is left, the rest goes too, as with a plain ``down()``.
+    """
     if os.geteuid() != 0:
         raise LabError(precondition_problem() or "the lab needs root")
+    chosen = set(_named(hosts, "down"))
     with _locked():
         started = time.monotonic()
-        hosts = traced_hosts()
-        _sweep(hosts)
+        gone: list[Host] = []
+        if chosen:
+            gone = [h for h in traced_hosts() if h in chosen]
+            _sweep(gone)
+            others = traced_hosts()
+            if others:
+                _write_names([h for h in others if host.is_running(h)])
+                print(f"lab: {len(gone)} host(s) down in {time.monotonic() - started:.1f} s, "
+                      f"{len(others)} left", flush=True)
+                return
+        hosts = gone + traced_hosts()
+        _sweep(hosts[len(gone):])
         host.remove_bridge()
         host.remove_private_route()  # the private links went with the hosts' network namespaces
         for cgroup in config.CGROUP_ROOTS:

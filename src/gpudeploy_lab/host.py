@@ -1,7 +1,8 @@
 """One lab host's life cycle on the main machine: network, overlay root, files, nspawn, teardown.
 
     prepare()  netns + veth on the bridge, overlay root, per-host files (hostname, keys, gpus.json)
-    start()    systemd-nspawn --boot in the host's own cgroup, detached, console to a log file
+    start()    systemd-nspawn --boot (or --as-pid2 with sshd: no systemd) in the host's own cgroup,
+               detached, console to a log file
     stop()     SIGTERM to nspawn (clean poweroff); cgroup.kill if that does not end everything
     release()  unmount, delete netns/veth/cgroups/dirs: also sweeps what a crashed run left
 
@@ -214,8 +215,22 @@ def prepare(host: Host, base: Path, authorized_key: str) -> None:
     _write_host_files(host, authorized_key)
 
 
-def nspawn_argv(host: Host, repo: Path) -> list[str]:
-    argv = ["systemd-nspawn", "--boot", f"--directory={host.root}", f"--machine={host.name}",
+# PID 2 of a host without systemd (nspawn's own stub init is PID 1 and reaps zombies): what systemd's
+# units would have done (sshd's runtime dir, host key if missing, the stand-in's GPU-record dir that
+# tmpfiles.d makes elsewhere), then sshd in the foreground, logging to the console (the host's log).
+NO_SYSTEMD_INIT = (
+    "mkdir -p /run/sshd /run/gpudeploy-lab/gpu-procs && chmod 0755 /run/sshd && "
+    "{ [ -s /etc/ssh/ssh_host_ed25519_key ] || ssh-keygen -q -t ed25519 -N '' -f /etc/ssh/ssh_host_ed25519_key; } && "
+    "exec /usr/sbin/sshd -D -e"
+)
+
+
+def nspawn_argv(host: Host, repo: Path, systemd: bool = True) -> list[str]:
+    """``systemd``: boot the image's systemd as PID 1 (``--boot``). Otherwise a host like a rented GPU
+    container: ``--as-pid2`` runs :data:`NO_SYSTEMD_INIT` under nspawn's stub init, no systemd at all
+    (no ``/run/systemd/system``); the same root, binds, network, key and address."""
+    argv = ["systemd-nspawn", "--boot" if systemd else "--as-pid2", f"--directory={host.root}",
+            f"--machine={host.name}",
             "--register=no", "--keep-unit",  # there is no system bus on the main machine
             f"--network-namespace-path=/run/netns/{host.netns}",
             "--resolv-conf=off", "--timezone=off", "--link-journal=no", "--console=read-only"]
@@ -227,17 +242,20 @@ def nspawn_argv(host: Host, repo: Path) -> list[str]:
                   file=sys.stderr, flush=True)
     engines, guest_engines = engine.bind_mount()  # vLLM venv + tiny model, also when built later
     argv.append(f"--bind-ro={engines}:{guest_engines}")
+    if not systemd:
+        argv += ["--", "/bin/sh", "-c", NO_SYSTEMD_INIT]
     return argv
 
 
-def start(host: Host, repo: Path) -> int:
-    """Boot the prepared host; return nspawn's PID (also written to the host's pid file)."""
+def start(host: Host, repo: Path, systemd: bool = True) -> int:
+    """Boot the prepared host (``systemd=False``: see :func:`nspawn_argv`); return nspawn's PID (also
+    written to the host's pid file)."""
     host.log_file.parent.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, SYSTEMD_NSPAWN_UNIFIED_HIERARCHY="1")  # pure cgroup v2 inside
     with host.log_file.open("wb") as log:
         proc = subprocess.Popen(
             ["sh", "-c", _ENTER_CGROUPS_AND_EXEC, "sh", *(str(cg / "cgroup.procs") for cg in host.cgroups),
-             "--", *nspawn_argv(host, repo)],
+             "--", *nspawn_argv(host, repo, systemd)],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
             start_new_session=True)
     _children[host.name] = proc
@@ -260,6 +278,21 @@ def nspawn_pid(host: Host) -> int | None:
         return None
     cgroup = f"/{config.CGROUP_NAME}/{host.name}"
     return pid if pid_in_cgroup(pid, (cgroup, f"{cgroup}/supervisor")) else None
+
+
+def boots_systemd(host: Host) -> bool | None:
+    """Whether the host's running nspawn booted systemd (``--boot``), read from its command line;
+    None when it does not run."""
+    pid = nspawn_pid(host)
+    if pid is None:
+        return None
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    # nspawn's own options come before the payload's "--"; a payload argument cannot fool this
+    own = argv[:argv.index(b"--")] if b"--" in argv else argv
+    return b"--boot" in own
 
 
 def is_running(host: Host) -> bool:

@@ -1,5 +1,7 @@
 """invoke tasks: ``invoke lab.up --hosts 3 [--private lab2:lab3]``, ``invoke lab.down``, ``invoke lab.status``,
-``invoke lab.engine``, ``invoke lab.router``, ``invoke lab.private --bastion lab2 --host lab3 [--remove]``."""
+``invoke lab.engine``, ``invoke lab.router``, ``invoke lab.private --bastion lab2 --host lab3 [--remove]``,
+``invoke lab.up --no-systemd lab3``, ``invoke lab.sglang --host lab2 --version 0.5.99 --flags-like 0.5.10
+[--clear]``, ``invoke lab.nvml --host lab2 [--driver-not-loaded] [--restore]``."""
 
 from __future__ import annotations
 
@@ -12,15 +14,49 @@ from gpudeploy_lab import control, engine
 from gpudeploy_lab.system import LabError
 
 
-@task(help={"hosts": "how many hosts: lab1..labN (default 3)",
-            "private": "BASTION:HOST[,...]: HOST reachable at 10.232.<N>.2 only through BASTION"})
-def up(c: Context, hosts: int = 3, private: str = "") -> None:
+@task(help={"hosts": "how many hosts: lab1..labN (default 3; 0 with --extra/--no-systemd: only those)",
+            "private": "BASTION:HOST[,...]: HOST reachable at 10.232.<N>.2 only through BASTION",
+            "no_systemd": "HOST[,...]: boot these without systemd (sshd under nspawn's stub init, like a "
+                          "rented GPU container), also beyond lab1..labN",
+            "extra": "HOST[,...]: boot these too, beyond lab1..labN"})
+def up(c: Context, hosts: int = 3, private: str = "", no_systemd: str = "", extra: str = "") -> None:
     """Boot lab hosts (systemd + sshd), with the real sglang-router they run, and wait until ready."""
     try:
         engine.ensure_router()  # ~8 s once, then cached: inventory/lab.yml's router is the real one
-        control.up(hosts, private=control.parse_pairs(private))
+        control.up(hosts, private=control.parse_pairs(private), no_systemd=control.parse_names(no_systemd),
+                   extra=control.parse_names(extra))
     except (LabError, ValueError) as exc:
         raise Exit(f"lab up failed: {exc}", code=1) from exc
+
+
+@task(name="sglang",
+      help={"host": "a running lab host", "version": "the release the stand-in reports (e.g. 0.5.99)",
+            "flags_like": "the captured release whose flags and --help it has (0.5.10 or 0.5.23)",
+            "clear": "back to the default (0.5.23)"})
+def sglang_release(c: Context, host: str, version: str = "", flags_like: str = "", clear: bool = False) -> None:
+    """Make a host's stand-in SGLang a release gpudeploy has not captured (/etc/gpudeploy-lab/sglang.json)."""
+    try:
+        if clear:
+            control.clear_sglang_release(host)
+        elif version:
+            control.set_sglang_release(host, version, flags_like or None)
+        else:
+            raise ValueError("give --version [--flags-like], or --clear")
+    except (LabError, ValueError) as exc:
+        raise Exit(f"lab sglang failed: {exc}", code=1) from exc
+
+
+@task(help={"host": "a running lab host", "restore": "give the host its GPUs back",
+            "driver_not_loaded": "library there, driver not (NVMLError_DriverNotLoaded)"})
+def nvml(c: Context, host: str, restore: bool = False, driver_not_loaded: bool = False) -> None:
+    """Take a host's (fake) NVIDIA driver away: nvmlInit raises NVMLError_LibraryNotFound; --restore undoes."""
+    try:
+        if restore:
+            control.restore_nvml(host)
+        else:
+            control.remove_nvml(host, driver_not_loaded=driver_not_loaded)
+    except (LabError, ValueError) as exc:
+        raise Exit(f"lab nvml failed: {exc}", code=1) from exc
 
 
 @task(help={"bastion": "the host that relays (e.g. lab2)", "host": "the host behind it (e.g. lab3)",
@@ -36,11 +72,11 @@ def private(c: Context, bastion: str, host: str, remove: bool = False) -> None:
         raise Exit(f"lab private failed: {exc}", code=1) from exc
 
 
-@task
-def down(c: Context) -> None:
+@task(help={"only": "HOST[,...]: only these hosts; the others keep running"})
+def down(c: Context, only: str = "") -> None:
     """Stop all lab hosts and remove everything they left behind."""
     try:
-        control.down()
+        control.down(control.parse_names(only))
     except LabError as exc:
         raise Exit(f"lab down failed: {exc}", code=1) from exc
 
@@ -75,5 +111,5 @@ def router(c: Context) -> None:
         raise Exit(f"lab router failed: {exc}", code=1) from exc
 
 
-lab_collection = Collection("lab", up, down, status, engine_, router, private)
+lab_collection = Collection("lab", up, down, status, engine_, router, private, sglang_release, nvml)
 ns = lab_collection
