@@ -148,8 +148,8 @@ class DryDevice:
                 f"allocated memory {format_size(self.allocated)} is allocated by PyTorch, and 0 bytes is "
                 "reserved by PyTorch but unallocated. If reserved but unallocated memory is large try "
                 "setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See "
-                "documentation for Memory Management  "
-                "(https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)")
+                "documentation for Memory Management  (https://docs.pytorch.org/docs/stable/notes/"
+                "cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf)")  # torch 2.11 on the H200
         self.used += nbytes
         self.allocated += nbytes
 

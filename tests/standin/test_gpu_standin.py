@@ -159,6 +159,12 @@ def test_fault_oom_is_torch_s_error_and_the_launcher_exits_1(started: list[Stand
     assert oom.startswith("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 143.80 GiB. GPU 0 has a "
                           "total capacity of 139.80 GiB of which 139.29 GiB is free. Including non-PyTorch memory, "
                           "this process has 518.00 MiB memory in use."), oom
+    # the rest as torch 2.11 printed it on the H200 (bench/results/h200-process-supervisor-2026-12-01.txt)
+    assert oom.endswith("Of the allocated memory 0 bytes is allocated by PyTorch, and 0 bytes is reserved by "
+                        "PyTorch but unallocated. If reserved but unallocated memory is large try setting "
+                        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation "
+                        "for Memory Management  (https://docs.pytorch.org/docs/stable/notes/cuda.html"
+                        "#optimizing-memory-usage-with-pytorch-cuda-alloc-conf)"), oom
     assert s.lines[-1].endswith("] Received sigquit from a child process. It usually means the child failed.")
     assert not [ln for ln in s.lines if READY.match(ln)]
     assert not children_of(s.popen.pid)
