@@ -119,9 +119,8 @@ class Deployments:
 
     def cleanup(self) -> None:
         for path in self.made:
-            for host in ("lab1", "lab2", "lab3"):
-                if f"{host}:" in path.read_text():
-                    gd("teardown", "--inventory", str(path), "--host", host, "--purge")
+            for host in yaml.safe_load(path.read_text())["hosts"]:
+                gd("teardown", "--inventory", str(path), "--host", host, "--purge")
 
 
 def unit_pids(lab: Lab, host: str, unit: str) -> list[int]:

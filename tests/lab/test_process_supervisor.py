@@ -1,8 +1,9 @@
-"""The process supervisor (hosts without systemd) on real hosts: the same fault matrix as systemd's.
+"""The process supervisor on a real host without systemd: the same fault matrix as under systemd.
 
-Runs on a lab host told ``supervisor: process``: the server runs in a process group of its own
-under gpudeploy's monitor, with a log file per run and a run file naming its PID and start time.
-Every wait is a condition polled against a deadline.
+lab9 boots like a rented GPU container (``systemd-nspawn --as-pid2``: a stub init, sshd, no
+systemd). The inventory says nothing about supervisors: gpudeploy finds no systemd there and runs
+each server in a process group of its own under its monitor, with a log file per run and a run
+file naming its PID and start time. Every wait is a condition polled against a deadline.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -17,16 +19,26 @@ from conftest import Lab
 from deploytools import Deployments, gd, standin_role, status_json, wait_for
 from test_deploy import FAULTS
 
+import gpudeploy_lab as labctl
 from gpudeploy.plan import unit_name
 
 pytestmark = pytest.mark.lab
 
-HOST = "lab2"
-PROCESS = {HOST: {"supervisor": "process"}}
+HOST = "lab9"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def bare_host(lab: Lab) -> Iterator[str]:
+    labctl.up(0, no_systemd=[HOST])
+    lab.refresh()
+    assert lab.ssh(HOST, "test -d /run/systemd/system").returncode != 0, "lab9 must have no systemd"
+    yield HOST
+    labctl.down([HOST])
+    lab.refresh()
 
 
 def inventory(deployments: Deployments, name: str, roles: dict[str, dict[str, Any]], **kw: Any) -> Any:
-    return deployments.inventory(name, roles, host=HOST, host_settings=PROCESS, **kw)
+    return deployments.inventory(name, roles, host=HOST, **kw)  # supervisor: auto (the default)
 
 
 def alive_exact(lab: Lab, pid: int, ticks: str) -> bool:
@@ -49,6 +61,7 @@ def test_startup_fault_is_reported_with_cause_and_next_step(deployments: Deploym
     out = res.stdout + res.stderr
     assert res.returncode == 1, out
     assert "Traceback" not in res.stderr
+    assert f"started {unit_name(name, 'srv')}" in out  # detected: no systemd there, yet it was started
     assert f"cause: {summary}" in out and "next step:" in out and advice in out, out
     if fault == "silent-exit":  # the monitor's words: the exit status, with no message before it
         assert "status=1" in out and "without an error message" in out, out
