@@ -14,14 +14,15 @@ import functools
 import json
 import sys
 from collections.abc import Callable
+from contextlib import redirect_stdout
 from typing import Any
 
 from invoke import Collection, Exit, task
 
 from gpudeploy.errors import GpudeployError
-from gpudeploy.fanout import Interrupted
+from gpudeploy.fanout import Interrupted, raise_open_files, set_forks
 from gpudeploy.plan import load_plan
-from gpudeploy.report import deploy_summary, interrupted_text, plan_json, plan_text, status_text
+from gpudeploy.report import deploy_records, deploy_summary, interrupted_text, plan_json, plan_text, status_text
 
 DEFAULT_INVENTORY = "inventory/hosts.yml"
 
@@ -64,6 +65,29 @@ def plan_learning_flags(inventory: str, **kwargs: Any) -> Any:
     return load_plan(inventory, **kwargs)
 
 
+FORKS_HELP = "hosts at once (default: min(20 x CPUs, hosts, (open files - 10) / 3), as pyinfra)"
+
+
+def positive_int(value: str | None, flag: str) -> int | None:
+    if value is None:
+        return None
+    if not str(value).isdigit() or int(value) < 1:
+        raise Exit(f"gpudeploy: {flag} takes a whole number of 1 or more, not {value!r}", code=1)
+    return int(value)
+
+
+def percent(value: str | None, flag: str) -> float:
+    if value is None:
+        return 0.0
+    try:
+        number = float(str(value).rstrip("%"))
+    except ValueError:
+        raise Exit(f"gpudeploy: {flag} takes a percentage (0-100), not {value!r}", code=1) from None
+    if not 0 <= number <= 100:
+        raise Exit(f"gpudeploy: {flag} takes a percentage (0-100), not {value!r}", code=1)
+    return number
+
+
 def seconds(value: str | None, flag: str) -> float | None:
     """A positive number of seconds from the command line (None when not given)."""
     if value is None:
@@ -82,6 +106,7 @@ def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        raise_open_files()
         try:
             return fn(*args, **kwargs)
         except GpudeployError as exc:
@@ -109,42 +134,73 @@ def plan(c, inventory=DEFAULT_INVENTORY, host=None, role=None, json_=False, sugg
             "force": "deploy even when the memory check predicts OOM or GPUs are busy",
             "timeout": "seconds to wait for /health (default: the role's health.timeout_s)",
             "keep_on_failure": "when a deployment fails, leave what this run started running, for debugging",
-            "check": "show what would change on the hosts, with diffs, and change nothing"})
+            "check": "show what would change on the hosts, with diffs, and change nothing",
+            "serial": "roll out in batches of deployments, e.g. 1,25%,100% (a canary first)",
+            "max_fail_percent": "with --serial: stop when more than this share of deployments failed (default 0)",
+            "json": "one JSON record per host and unit, and per deployment, on stdout",
+            "only_failed": "deploy only the deployments the last deploy of this inventory did not make ready",
+            "forks": FORKS_HELP})
 @user_errors
 def deploy(c, host=None, inventory=DEFAULT_INVENTORY, role=None, deployment=None, force=False,  # type: ignore[no-untyped-def]
-           timeout=None, keep_on_failure=False, check=False):
+           timeout=None, keep_on_failure=False, check=False, serial=None, max_fail_percent=None, json_=False,
+           only_failed=False, forks=None):
     """Deploy whole deployments: every engine on every host, then the routers, then a real generation.
 
     --host H without --role deploys the deployments that have units on H, on all their hosts.
     """
+    from dataclasses import replace
+
+    from gpudeploy.apply import results as last
     from gpudeploy.apply.deploy import Options
     from gpudeploy.apply.deployment import deploy as run_deploy
+    from gpudeploy.apply.rollout import parse_serial
 
     timeout_s = seconds(timeout, "--timeout")
+    set_forks(positive_int(forks, "--forks"))
+    batches = tuple(parse_serial(serial)) if serial else ()
+    budget = percent(max_fail_percent, "--max-fail-percent")
     p = plan_learning_flags(inventory, host=host, role=role, deployment=deployment, whole=True, store=calibration())
+    if only_failed:
+        wanted = last.not_ready(inventory)
+        if wanted is None:
+            raise Exit(f"gpudeploy: no earlier deploy of {inventory} is recorded here; run deploy first", code=1)
+        p = replace(p, units=tuple(u for u in p.units if u.deployment in wanted))
+        print(f"--only-failed: {', '.join(wanted) or 'nothing failed last time'}", file=sys.stderr)
     if not p.units:
         print(f"nothing is placed on {host or 'any host'}")
         return
+    say_to = sys.stderr if json_ else sys.stdout
+    opts = Options(force=force, timeout_s=timeout_s, keep_on_failure=keep_on_failure, check=check,
+                   serial=batches, max_fail_percent=budget)
     try:
-        result = run_deploy(p, Options(force=force, timeout_s=timeout_s, keep_on_failure=keep_on_failure,
-                                       check=check), None if check else calibration())
+        with redirect_stdout(say_to):
+            result = run_deploy(p, opts, None if check else calibration())
     except Interrupted as exc:
         print(deploy_summary(exc.results)[0])
         print(interrupted_text(exc.results))
         raise Exit(code=130) from None
     text, ok = deploy_summary(result)
-    print(text)
+    records = deploy_records(result)
+    if not check:
+        last.save(inventory, records)
+    if json_:
+        json.dump(records, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print(text)
     if not ok:
         raise Exit(code=1)
 
 
-@task(help={**SELECT, "json": "one JSON document on stdout", "deployment": "only this deployment"})
+@task(help={**SELECT, "json": "one JSON document on stdout", "deployment": "only this deployment",
+            "forks": FORKS_HELP})
 @user_errors
-def status(c, inventory=DEFAULT_INVENTORY, host=None, role=None, deployment=None, json_=False):  # type: ignore[no-untyped-def]
+def status(c, inventory=DEFAULT_INVENTORY, host=None, role=None, deployment=None, json_=False, forks=None):  # type: ignore[no-untyped-def]
     """Every gpudeploy unit by deployment: state, PID, uptime, ports, /health, the router's view of it."""
     from gpudeploy.errors import GpudeployError as Err
     from gpudeploy.verify.status import status as run_status
 
+    set_forks(positive_int(forks, "--forks"))
     p, hosts = plan_and_hosts(inventory, host, role, deployment)
     results = run_status(p, hosts)
     if role is not None or deployment is not None:
@@ -170,13 +226,14 @@ def status(c, inventory=DEFAULT_INVENTORY, host=None, role=None, deployment=None
 
 
 @task(help={**SELECT, "deployment": "only this deployment (all its hosts)",
-            "purge": "also remove unit files, env files, run records and state directories"})
+            "purge": "also remove unit files, env files, run records and state directories", "forks": FORKS_HELP})
 @user_errors
-def teardown(c, inventory=DEFAULT_INVENTORY, host=None, role=None, deployment=None, purge=False):  # type: ignore[no-untyped-def]
+def teardown(c, inventory=DEFAULT_INVENTORY, host=None, role=None, deployment=None, purge=False, forks=None):  # type: ignore[no-untyped-def]
     """Stop units (routers, then decode, then prefill) and prove nothing of them is left, GPUs free."""
     from gpudeploy.apply.teardown import teardown as run_teardown
     from gpudeploy.errors import GpudeployError as Err
 
+    set_forks(positive_int(forks, "--forks"))
     p, hosts = plan_and_hosts(inventory, host, role, deployment)
     from gpudeploy.plan.build import deployments
 
@@ -216,14 +273,16 @@ def logs(c, host, role, inventory=DEFAULT_INVENTORY, follow=False):  # type: ign
     show_logs(p.units[0], follow=follow)
 
 
-@task(help={"inventory": SELECT["inventory"], "host": "only this host", "json": "one JSON document on stdout"})
+@task(help={"inventory": SELECT["inventory"], "host": "only this host", "json": "one JSON document on stdout",
+            "forks": FORKS_HELP})
 @user_errors
-def facts(c, inventory=DEFAULT_INVENTORY, host=None, json_=False):  # type: ignore[no-untyped-def]
+def facts(c, inventory=DEFAULT_INVENTORY, host=None, json_=False, forks=None):  # type: ignore[no-untyped-def]
     """What each host really has: GPUs (NVML: UUID, bus id, NUMA, memory, processes), CPUs, init, engines."""
     from gpudeploy.errors import GpudeployError as Err
     from gpudeploy.facts.host import gather
     from gpudeploy.report import facts_text
 
+    set_forks(positive_int(forks, "--forks"))
     p, hosts = plan_and_hosts(inventory, host, None)
     results = gather(p, hosts)
     text, ok = facts_text(results, p.inventory.hosts)

@@ -26,6 +26,39 @@ T = TypeVar("T")
 
 _print_lock = threading.Lock()
 WIND_DOWN_S = 10.0  # after Ctrl-C, how long the hosts may take to report where they stand
+FDS_PER_HOST = 3  # an ssh connection, a lock stream and a log stream per host at once
+_forks: int | None = None  # --forks, for the whole command
+
+
+def raise_open_files() -> int:
+    """Raise this process's soft RLIMIT_NOFILE to its hard limit (64 hosts need a few hundred
+    descriptors; "Too many open files" is what a fleet tool hits first). Returns the new limit."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 16)
+    if soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    return int(soft)
+
+
+def default_forks(hosts: int, nofile: int | None = None) -> int:
+    """How many hosts at once, sized like pyinfra's pool: min(20 x CPUs, hosts, (nofile - 10) / 3)."""
+    import os
+    import resource
+
+    files = nofile if nofile is not None else resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return max(1, min(20 * (os.cpu_count() or 1), hosts, (files - 10) // FDS_PER_HOST))
+
+
+def set_forks(forks: int | None) -> None:
+    """``--forks N`` for every fan-out of this command (None: the default for the host count)."""
+    global _forks
+    _forks = forks
 
 
 _board: Board | None = None
@@ -109,7 +142,7 @@ def for_each_host(hosts: list[Host], fn: Callable[[Host], T], cancel: Cancel | N
         except Exception as exc:  # a bug or a library error: this host's failure, not everyone's
             results[host.name] = RemoteError(host.name, f"unexpected {type(exc).__name__}: {exc}")
 
-    pool = ThreadPoolExecutor(max_workers=min(32, len(hosts)))
+    pool = ThreadPoolExecutor(max_workers=min(_forks or default_forks(len(hosts)), len(hosts)))
     futures: list[Future[None]] = [pool.submit(one, h) for h in hosts]
     try:
         pending = set(futures)

@@ -134,7 +134,54 @@ def deploy_summary(result: Any) -> tuple[str, bool]:
     for dep in result.deployments.values():
         ok = ok and dep.ok
         out.append(deployment_line(dep))
+    if len(result.deployments) > 1:
+        out.append(summary_line(result))
     return "\n".join(out), ok
+
+
+def summary_line(result: Any) -> str:
+    """One line for a fleet: how many deployments ended how, and the units' outcomes."""
+    from collections import Counter
+
+    from .errors import GpudeployError
+
+    deps = list(result.deployments.values())
+    ready = sum(1 for d in deps if d.ok)
+    untouched = sum(1 for d in deps if d.untouched)
+    failed = len(deps) - ready - untouched
+    units = Counter(o.action if o.ok else "failed" for res in result.hosts.values()
+                    if not isinstance(res, GpudeployError) for o in res)
+    hosts_failed = sum(1 for res in result.hosts.values() if isinstance(res, GpudeployError))
+    parts = [f"{n} {a}" for a, n in sorted(units.items())]
+    return (f"summary: {len(deps)} deployments: {ready} ready, {failed} failed, {untouched} left untouched; "
+            f"units: {', '.join(parts) or 'none'}" + (f"; {hosts_failed} hosts unreachable or failed" if hosts_failed
+                                                     else ""))
+
+
+def deploy_records(result: Any) -> dict[str, Any]:
+    """`deploy --json`: one record per host and unit (phase reached, outcome, cause, duration) and
+    one per deployment."""
+    from .errors import GpudeployError
+
+    units = []
+    for host, res in result.hosts.items():
+        if isinstance(res, GpudeployError):
+            units.append({"host": host, "unit": None, "outcome": "host-failed", "cause": str(res)})
+            continue
+        for o in res:
+            cause = o.gate.cause if o.gate else None
+            units.append({"host": host, "deployment": o.unit.deployment, "role": o.unit.role.name,
+                          "unit": o.unit.name, "outcome": o.action if o.ok else "failed", "action": o.action,
+                          "ok": o.ok, "phase": o.gate.phase if o.gate else None,
+                          "duration_s": round(o.gate.elapsed_s, 3) if o.gate else None,
+                          "cause": {"kind": cause.kind, "summary": cause.summary, "next_step": cause.next_step}
+                          if cause else (o.message or None), "main_pid": o.main_pid, "pids": o.pids})
+    deployments = [{"deployment": d.name, "ok": d.ok, "batch": d.batch, "untouched": d.untouched,
+                    "failure": d.failure or None, "stopped": d.stopped, "running": d.running,
+                    "smoke": [{"router": u.key, "ok": r.ok, "endpoint": r.endpoint, "ttft_s": r.ttft_s,
+                               "total_s": round(r.total_s, 3), "text": r.text[:200], "message": r.message or None}
+                              for u, r in d.smoke]} for d in result.deployments.values()]
+    return {"units": units, "deployments": deployments, "ok": all(d["ok"] for d in deployments)}
 
 
 def deployment_line(dep: Any) -> str:
@@ -144,6 +191,8 @@ def deployment_line(dep: Any) -> str:
         return f"smoke {r.endpoint} through {u.key}: {got}"
 
     smokes = [smoke(u, r) for u, r in dep.smoke]
+    if dep.untouched:
+        return f"deployment {dep.name}: NOT DEPLOYED, left untouched: {dep.failure}"
     if dep.ok:
         return f"deployment {dep.name}: READY" + ("".join(f"\n    {s}" for s in smokes))
     lines = [f"deployment {dep.name}: FAILED: {dep.failure}", *(f"    {s}" for s in smokes)]

@@ -54,6 +54,8 @@ class Options:
     keep_on_failure: bool = False  # leave what this run started (and a failed unit) running, for debugging
     lock_wait_s: float = 600.0
     check: bool = False  # show what would change (with diffs) and touch nothing
+    serial: tuple[int | float, ...] = ()  # rolling batches of deployments (rollout.parse_serial)
+    max_fail_percent: float = 0.0
 
 
 def secrets_for(plan: Plan) -> dict[str, str]:

@@ -31,7 +31,7 @@ from ..supervisor.process import PROCESS
 from ..supervisor.systemd import SYSTEMD
 from ..verify.http import status_of
 from ..verify.smoke import SmokeResult, smoke_test
-from . import check, preflight
+from . import check, preflight, rollout
 from .deploy import Options, UnitOutcome, calibrate, desired_files, file_hashes, secrets_for, start_and_gate
 from .order import stop_rank, upstreams_of
 from .sessions import open_sessions
@@ -58,6 +58,8 @@ class DeploymentOutcome:
     name: str
     ok: bool = True
     failure: str = ""  # what failed first, in a sentence
+    batch: int = 0  # the rollout batch it was in (1 = the canary), 0: not tried
+    untouched: bool = False  # the rollout stopped before its batch: nothing of it was changed
     smoke: list[tuple[Unit, SmokeResult]] = field(default_factory=list)
     stopped: list[str] = field(default_factory=list)  # host/role this run started and then stopped
     running: list[str] = field(default_factory=list)  # host/role left running after a failure
@@ -98,10 +100,40 @@ def deploy(plan: Plan, opts: Options, store: CalibrationStore | None = None,
     secrets = secrets_for(plan)
     renderer = Renderer(plan.inventory.templates_dir)
     cancel = cancel or Cancel()
-    units = list(plan.units)
-    hosts = list({u.host.name: u.host for u in units}.values())
-    result = DeployResult({}, {d: DeploymentOutcome(d) for d in sorted({u.deployment for u in units})})
+    all_units = list(plan.units)
+    names = sorted({u.deployment for u in all_units})
+    result = DeployResult({}, {d: DeploymentOutcome(d) for d in names})
     outcomes: dict[str, UnitOutcome] = {}  # unit key -> outcome
+    tried = failed = 0
+    plan_batches = rollout.batches(names, list(opts.serial) or None)
+    for number, batch in enumerate(plan_batches, 1):
+        units = [u for u in all_units if u.deployment in batch]
+        for d in batch:
+            result.deployments[d].batch = number
+        if len(plan_batches) > 1:
+            say(f"-- batch {number} of {len(plan_batches)}{' (canary)' if number == 1 else ''}: {', '.join(batch)}")
+        _batch(units, secrets, renderer, opts, cancel, result, outcomes)
+        tried += len(batch)
+        failed += sum(1 for d in batch if not result.deployments[d].ok)
+        if opts.serial and number < len(plan_batches) and rollout.over_budget(failed, tried, opts.max_fail_percent):
+            rest = [d for b in plan_batches[number:] for d in b]
+            why = (f"not deployed: the rollout stopped after batch {number}: {failed} of {tried} deployments failed "
+                   f"(over --max-fail-percent {opts.max_fail_percent:g})")
+            for d in rest:
+                result.deployments[d] = DeploymentOutcome(d, ok=False, failure=why, untouched=True)
+            say(f"-- {why}; left untouched: {', '.join(rest)}")
+            break
+    if store is not None:
+        for o in outcomes.values():
+            calibrate(store, o)
+    _collect(result, [u for u in all_units if not result.deployments[u.deployment].untouched], outcomes)
+    return result
+
+
+def _batch(units: list[Unit], secrets: dict[str, str], renderer: Renderer, opts: Options, cancel: Cancel,
+           result: DeployResult, outcomes: dict[str, UnitOutcome]) -> None:
+    """One batch of deployments: their hosts connected and locked for it, then the phases."""
+    hosts = list({u.host.name: u.host for u in units}.values())
     with ExitStack() as stack:
         show_progress(Board())
         stack.callback(show_progress, None)
@@ -114,11 +146,6 @@ def deploy(plan: Plan, opts: Options, store: CalibrationStore | None = None,
                     result.hosts.setdefault(host, res)
             _collect(result, units, outcomes)
             raise Interrupted(result) from None
-    if store is not None:
-        for o in outcomes.values():
-            calibrate(store, o)
-    _collect(result, units, outcomes)
-    return result
 
 
 def _collect(result: DeployResult, units: list[Unit], outcomes: dict[str, UnitOutcome]) -> None:
