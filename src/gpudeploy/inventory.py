@@ -47,7 +47,7 @@ NUMA_POLICIES = ("bind", "preferred", "interleave", "none")
 SUPERVISORS = ("auto", "systemd", "process")
 CONNECTIONS = ("ssh", "local")
 DEFAULT_KEYS = HOST_KEYS - {"address", "numa_nodes", "roles", "deployment"}
-ROLE_KEYS = {"engine", "description", "tp_size", "gpus", "allow_span_numa", "version", "model",
+ROLE_KEYS = {"engine", "description", "tp_size", "nnodes", "gpus", "allow_span_numa", "version", "model",
              "settings", "extra_args", "argv", "ports", "upstreams", "env", "secret_env", "health",
              "stop_timeout_s", "log_format", "python", "smoke"}
 # Matched with fullmatch: ``$`` would also accept a name that ends in a newline.
@@ -290,6 +290,12 @@ def load_role(path: Path, problems: list[Problem]) -> Role | None:
         c.fail("required key is missing (the model directory on the host)", "model.path",
                line=c.where("model"))
     tp = c.get("tp_size", int, default=1, check=lambda v: None if v >= 1 else "must be >= 1")
+    nnodes = c.get("nnodes", int, default=1, check=lambda v: None if v >= 1 else "must be >= 1")
+    if isinstance(nnodes, int) and nnodes > 1:
+        if engine != "sglang":
+            c.fail(f"only an sglang engine spans hosts; engine {engine} runs on one host", "nnodes")
+        elif isinstance(tp, int) and tp % nnodes:
+            c.fail(f"tp_size {tp} is the whole group's TP; it must split evenly over {nnodes} nodes", "nnodes")
     gpus = c.get("gpus", int, check=lambda v: None if v >= 0 else "must be >= 0")
     log_format = c.get("log_format", str, default="sglang",
                        check=lambda v: None if v in LOG_FORMATS else f"one of {', '.join(LOG_FORMATS)}")
@@ -305,7 +311,7 @@ def load_role(path: Path, problems: list[Problem]) -> Role | None:
     return Role(
         name=name, engine=engine, file=str(path),
         description=c.get("description", str, default="", check=lambda v: control_problem(v)),
-        tp_size=tp, gpus=gpus, allow_span_numa=c.get("allow_span_numa", bool, default=False),
+        tp_size=tp, nnodes=nnodes, gpus=gpus, allow_span_numa=c.get("allow_span_numa", bool, default=False),
         version=str(c.data["version"]) if c.data.get("version") is not None else None,
         model=dict(model), settings=dict(settings), extra_args=tuple(str(a) for a in extra),
         argv=tuple(str(a) for a in argv), ports=ports, upstreams=upstreams,

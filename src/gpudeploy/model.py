@@ -114,8 +114,9 @@ class Role:
     engine: str
     file: str
     description: str = ""
-    tp_size: int = 1
-    gpus: int | None = None  # GPUs needed; defaults to tp_size for sglang, 0 for the router
+    tp_size: int = 1  # the whole TP group: with nnodes > 1, each node runs tp_size / nnodes ranks
+    nnodes: int = 1  # hosts one engine spans (SGLang --nnodes): one unit per host, one group
+    gpus: int | None = None  # GPUs needed per host; defaults to tp_size / nnodes for sglang, 0 for the router
     allow_span_numa: bool = False
     version: str | None = None  # pins the engine release; else the host's
     model: dict[str, Any] = field(default_factory=dict)
@@ -137,7 +138,7 @@ class Role:
     def gpus_needed(self) -> int:
         if self.gpus is not None:
             return self.gpus
-        return self.tp_size if self.engine == "sglang" else 0
+        return self.tp_size // self.nnodes if self.engine == "sglang" else 0
 
 
 @dataclass(frozen=True)
@@ -147,6 +148,25 @@ class Inventory:
     hosts: dict[str, Host]
     roles: dict[str, Role]
     templates_dir: str
+
+
+@dataclass(frozen=True)
+class Group:
+    """A multi-node engine: one unit per host (a node rank each), started together, one result.
+
+    Rank 0 (the leader, first of the hosts that place the role, in inventory order) serves the API
+    and the torch.distributed store on ``dist_init``; the other ranks only compute and answer
+    ``/health`` once their schedulers are ready (SGLang's dummy health server on non-zero ranks).
+    """
+
+    nnodes: int
+    rank: int
+    members: tuple[str, ...]  # host names, by node rank
+    dist_init: str  # the leader's ADDRESS:PORT (SGLang --dist-init-addr)
+
+    @property
+    def leader(self) -> str:
+        return self.members[0]
 
 
 @dataclass(frozen=True)
@@ -171,6 +191,7 @@ class Unit:
     health_url: str
     files: dict[str, str]  # path -> text, secrets masked
     memory: dict[str, Any] | None = None
+    group: Group | None = None  # set when the role spans hosts (nnodes > 1)
 
     @property
     def key(self) -> str:

@@ -35,6 +35,8 @@ def unit_json(u: Unit) -> dict[str, Any]:
         "health": {"url": u.health_url, "timeout_s": u.role.health.timeout_s},
         "files": dict(u.files),
         "memory": u.memory,
+        "group": None if u.group is None else {"nnodes": u.group.nnodes, "rank": u.group.rank,
+                                               "members": list(u.group.members), "dist_init": u.group.dist_init},
     }
 
 
@@ -48,6 +50,11 @@ def plan_text(plan: Plan, *, show_files: bool = True) -> str:
         numa = "-" if u.numa_node is None else str(u.numa_node)
         out.append(f"   engine   {u.role.engine} {u.engine_version or ''}".rstrip())
         out.append(f"   gpus     {gpus}   numa node {numa}   cpus {u.cpus or '-'}")
+        if u.group is not None:
+            g = u.group
+            lead = "leader" if g.rank == 0 else f"leader {g.leader}"
+            out.append(f"   group    node rank {g.rank} of {g.nnodes} ({lead}; dist-init {g.dist_init}; "
+                       f"ranks on {', '.join(g.members)})")
         out.append("   ports    " + "  ".join(f"{k}={v}" for k, v in u.ports.items()))
         out.append(f"   health   {u.health_url}")
         out.append("   command  " + " ".join(u.argv))

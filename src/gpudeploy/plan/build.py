@@ -9,8 +9,9 @@ import jinja2
 
 from ..errors import InputError, Problem
 from ..inventory import load_inventory
-from ..model import Host, Inventory, Plan, Role, Unit
+from ..model import Group, Host, Inventory, Plan, Role, Unit
 from .flags import check_args, engine_version, settings_args
+from .group import plan_groups, with_groups
 from .pd import pd_problems
 from .placement import Placement, place_host
 from .ports import assign_ports
@@ -86,6 +87,7 @@ def build_plan(inv: Inventory, *, host: str | None = None, role: str | None = No
         placements[h.name] = place_host(h, inv.roles, problems)
         ports[h.name] = assign_ports(h, inv.roles, problems)
 
+    groups = plan_groups(inv, ports, problems)
     renderer = Renderer(inv.templates_dir)
     units: list[Unit] = []
     for h in inv.hosts.values():
@@ -93,8 +95,12 @@ def build_plan(inv: Inventory, *, host: str | None = None, role: str | None = No
             r = inv.roles.get(req.role)
             if r is None or r.name not in placements[h.name] or r.name not in ports[h.name]:
                 continue
-            unit = _unit(inv, h, req.deployment or h.deployment, r, placements[h.name][r.name],
-                         ports[h.name][r.name], ports, renderer, problems)
+            dep = req.deployment or h.deployment
+            group = groups.get((dep, r.name, h.name))
+            if r.nnodes > 1 and group is None:
+                continue  # the group's problem is reported
+            unit = _unit(inv, h, dep, r, placements[h.name][r.name],
+                         ports[h.name][r.name], ports, renderer, problems, group, groups)
             if unit is not None and unit.engine_version and memory:
                 from .memcheck import unit_memory  # the memory model is only loaded when asked for
 
@@ -110,6 +116,8 @@ def build_plan(inv: Inventory, *, host: str | None = None, role: str | None = No
                      if (deployment is None or u.deployment == deployment)
                      and (host is None or u.host.name == host or (whole and role is None and u.deployment in on_host))
                      and (role is None or u.role.name == role))
+    # A group starts and stops whole: selecting one of its ranks selects them all.
+    selected = with_groups(tuple(units), selected)
     if host is not None and role is not None and not selected:
         raise InputError([Problem(f"role {role!r} is not placed on host {host!r}", file=inv.path,
                                   host=host, role=role, key="roles")])
@@ -131,7 +139,8 @@ def deployments(inv: Inventory) -> set[str]:
 
 def _unit(inv: Inventory, host: Host, deployment: str, role: Role, placed: Placement, my_ports: dict[str, int],
           all_ports: dict[str, dict[str, dict[str, int]]], renderer: Renderer,
-          problems: list[Problem]) -> Unit | None:
+          problems: list[Problem], group: Group | None = None,
+          groups: dict[tuple[str, str, str], Group] | None = None) -> Unit | None:
     before = len(problems)
     version = engine_version(host, role, problems)
     name = unit_name(deployment, role.name)
@@ -139,9 +148,9 @@ def _unit(inv: Inventory, host: Host, deployment: str, role: Role, placed: Place
     state_dir = f"{STATE_ROOT}/gpudeploy/{stem}"
     argv: list[str] = []
     if role.engine == "sglang" and version:
-        argv = _sglang_argv(host, role, version, my_ports, problems)
+        argv = _sglang_argv(host, role, version, my_ports, problems, group)
     elif role.engine == "sglang_router" and version:
-        argv = _router_argv(inv, deployment, host, role, version, my_ports, all_ports, problems)
+        argv = _router_argv(inv, deployment, host, role, version, my_ports, all_ports, problems, groups or {})
     elif role.engine == "command":
         argv = _command_argv(host, role, placed, my_ports, state_dir, renderer, problems)
     # An engine's flag values never hold a newline: one there is a mistake (a folded `>` YAML
@@ -191,7 +200,7 @@ def _unit(inv: Inventory, host: Host, deployment: str, role: Role, placed: Place
         argv=tuple(argv), env=env, secret_names=role.secret_env, unit_path=unit_path, env_path=env_path,
         state_dir=state_dir,
         health_url=f"http://{host.address}:{my_ports['http']}{role.health.path}" if "http" in my_ports else "",
-        files={unit_path: unit_text, env_path: env_text},
+        files={unit_path: unit_text, env_path: env_text}, group=group,
     )
     if host.supervisor == "process":  # no systemd there: the process supervisor's JSON spec instead
         path = spec_path(name)
@@ -224,9 +233,11 @@ def render_env(renderer: Renderer, unit: str, host: str, role: str, env: dict[st
 
 
 def _sglang_argv(host: Host, role: Role, version: str, ports: dict[str, int],
-                 problems: list[Problem]) -> list[str]:
+                 problems: list[Problem], group: Group | None = None) -> list[str]:
     argv = [role.python or host.python, "-m", MODULES["sglang"], "--model-path", str(role.model.get("path", "")),
             "--tp-size", str(role.tp_size), "--host", host.bind_address, "--port", str(ports["http"])]
+    if group is not None:
+        argv += ["--dist-init-addr", group.dist_init, "--nnodes", str(group.nnodes), "--node-rank", str(group.rank)]
     if "nccl" in ports:
         argv += ["--nccl-port", str(ports["nccl"])]
     if "bootstrap" in ports:
@@ -237,7 +248,8 @@ def _sglang_argv(host: Host, role: Role, version: str, ports: dict[str, int],
 
 
 def _router_argv(inv: Inventory, deployment: str, host: Host, role: Role, version: str, ports: dict[str, int],
-                 all_ports: dict[str, dict[str, dict[str, int]]], problems: list[Problem]) -> list[str]:
+                 all_ports: dict[str, dict[str, dict[str, int]]], problems: list[Problem],
+                 groups: dict[tuple[str, str, str], Group]) -> list[str]:
     argv = [role.python or host.python, "-m", MODULES["sglang_router"]]
     if role.upstreams.get("prefill") or role.upstreams.get("decode"):
         argv.append("--pd-disaggregation")
@@ -246,7 +258,9 @@ def _router_argv(inv: Inventory, deployment: str, host: Host, role: Role, versio
             # The upstream's units of this deployment (a role placed for another one is not ours).
             found = [(h, all_ports[h.name][upstream]) for h in inv.hosts.values() for p in h.placements
                      if p.role == upstream and (p.deployment or h.deployment) == deployment
-                     and upstream in all_ports[h.name]]
+                     and upstream in all_ports[h.name]
+                     # a group serves on its leader only; the other ranks have no API
+                     and _leads(groups.get((deployment, upstream, h.name)))]
             if not found:
                 problems.append(Problem(f"upstream role {upstream!r} is not placed on any host of deployment "
                                         f"{deployment!r}",
@@ -266,6 +280,10 @@ def _router_argv(inv: Inventory, deployment: str, host: Host, role: Role, versio
     argv += settings_args(host, role, version, role.settings, problems)
     check_args(host, role, version, role.extra_args, "extra_args", problems)
     return argv + list(role.extra_args)
+
+
+def _leads(group: Group | None) -> bool:
+    return group is None or group.rank == 0
 
 
 def _command_argv(host: Host, role: Role, placed: Placement, ports: dict[str, int], state_dir: str,

@@ -49,8 +49,10 @@ def _place_one(host: Host, role: Role, req: PlacementRequest, free: dict[int, li
     need = role.gpus_needed
     if need == 0:
         return Placement(gpus=(), numa_node=None, cpus=None)
-    if role.engine == "sglang" and need != role.tp_size:
-        fail(f"SGLang uses one GPU per TP rank: tp_size {role.tp_size} needs {role.tp_size} GPUs, "
+    per_node = role.tp_size // role.nnodes
+    if role.engine == "sglang" and need != per_node:
+        spread = f" on each of its {role.nnodes} nodes" if role.nnodes > 1 else ""
+        fail(f"SGLang uses one GPU per TP rank: tp_size {role.tp_size} needs {per_node} GPUs{spread}, "
              f"not {need}", key="gpus")
         return None
 
@@ -75,7 +77,8 @@ def _place_one(host: Host, role: Role, req: PlacementRequest, free: dict[int, li
 
     largest = max((len(n.gpus) for n in host.numa_nodes), default=0)
     if need > largest and not role.allow_span_numa:
-        fail(f"needs {need} GPUs (tp_size {role.tp_size}) but the largest NUMA node of this host has "
+        over = f" over {role.nnodes} nodes" if role.nnodes > 1 else ""
+        fail(f"needs {need} GPUs (tp_size {role.tp_size}{over}) but the largest NUMA node of this host has "
              f"{largest}; use a smaller TP or set allow_span_numa: true in the role", "tp_size")
         return None
     candidates = [n for n in host.numa_nodes if req.numa_node is None or n.id == req.numa_node]

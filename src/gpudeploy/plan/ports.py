@@ -2,7 +2,10 @@
 
 Scheme (overridable per role with ``ports:``): the n-th SGLang server on a host (in the order of the
 host's ``roles:`` list, counting from 0) gets HTTP 30000+10n and NCCL 30000+10n+5; a prefill gets the
-bootstrap port 8998+n; the router 8000; the n-th command server 18000+10n.
+bootstrap port 8998+n; the router 8000; the n-th command server 18000+10n. A role that spans hosts
+(``nnodes`` > 1) also gets the dist-init port 20000+10n, which only its leader binds (the
+torch.distributed store; with DP attention SGLang also takes the next five ports for its ZMQ
+sockets, hence the step of 10).
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from ..errors import Problem
 from ..model import Host, Role
 
 BASES = {"sglang": 30000, "command": 18000}
+DIST_INIT_BASE = 20000
 
 
 def assign_ports(host: Host, roles: dict[str, Role], problems: list[Problem]) -> dict[str, dict[str, int]]:
@@ -31,6 +35,8 @@ def assign_ports(host: Host, roles: dict[str, Role], problems: list[Problem]) ->
                 ports["nccl"] = ports["http"] + 5
                 if role.settings.get("disaggregation_mode") == "prefill":
                     ports["bootstrap"] = 8998 + n
+                if role.nnodes > 1:
+                    ports["dist_init"] = DIST_INIT_BASE + 10 * n
         ports.update(role.ports)
         out[role.name] = ports
     _check_collisions(host, roles, out, problems)
