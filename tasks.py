@@ -37,13 +37,17 @@ SELECT = {"inventory": "inventory file (default inventory/hosts.yml)", "host": "
 
 
 def plan_and_hosts(inventory: str, host: str | None, role: str | None,
-                   deployment: str | None = None) -> tuple[Any, list[Any]]:
-    """The plan for a read-or-stop command (no memory check) and the hosts it looks at: the one
-    asked for, the hosts of the deployment asked for, or all of them."""
+                   deployment: str | None = None) -> tuple[Any, list[Any], tuple[str, ...]]:
+    """The plan for a read-or-stop command (no memory check), the hosts it looks at (the one asked
+    for, the hosts of the deployment asked for, or all of them), and among those the hosts added
+    only because a selected multi-node group has ranks there (a group is one engine)."""
     p = load_plan(inventory, host=host, role=role, deployment=deployment, memory=False)
     on = {u.host.name for u in p.units}
-    return p, [h for h in p.inventory.hosts.values()
-               if (host is None or h.name == host) and (deployment is None or h.name in on)]
+    picked = [h for h in p.inventory.hosts.values()
+              if (host is None or h.name == host) and (deployment is None or h.name in on)]
+    names = {h.name for h in picked}
+    mates = tuple(sorted({u.host.name for u in p.units if u.group is not None} - names))
+    return p, picked + [p.inventory.hosts[n] for n in mates], mates
 
 
 def plan_learning_flags(inventory: str, **kwargs: Any) -> Any:
@@ -201,8 +205,8 @@ def status(c, inventory=DEFAULT_INVENTORY, host=None, role=None, deployment=None
     from gpudeploy.verify.status import status as run_status
 
     set_forks(positive_int(forks, "--forks"))
-    p, hosts = plan_and_hosts(inventory, host, role, deployment)
-    results = run_status(p, hosts)
+    p, hosts, mates = plan_and_hosts(inventory, host, role, deployment)
+    results = run_status(p, hosts, mates)
     if role is not None or deployment is not None:
         results = {h: (r if isinstance(r, Err) else [s for s in r if (role is None or s.role == role)
                                                      and (deployment is None or s.deployment == deployment)])
@@ -234,12 +238,15 @@ def teardown(c, inventory=DEFAULT_INVENTORY, host=None, role=None, deployment=No
     from gpudeploy.errors import GpudeployError as Err
 
     set_forks(positive_int(forks, "--forks"))
-    p, hosts = plan_and_hosts(inventory, host, role, deployment)
+    p, hosts, mates = plan_and_hosts(inventory, host, role, deployment)
     from gpudeploy.plan.build import deployments
 
     # Without --role, also the units of these deployments the inventory no longer places.
     whole = [] if role is not None else [deployment] if deployment else sorted(deployments(p.inventory))
-    results = run_teardown(p, hosts, purge=purge, deployments=whole)
+    if mates:
+        print(f"also on {', '.join(mates)}: the other ranks of the multi-node group(s) selected "
+              "(a group stops whole)")
+    results = run_teardown(p, hosts, purge=purge, deployments=whole, group_hosts=mates)
     ok = True
     for h, res in results.items():
         if isinstance(res, Err):
@@ -270,7 +277,7 @@ def logs(c, host, role, inventory=DEFAULT_INVENTORY, follow=False):  # type: ign
     from gpudeploy.verify.logs import show_logs
 
     p = load_plan(inventory, host=host, role=role, memory=False)
-    show_logs(p.units[0], follow=follow)
+    show_logs(next(u for u in p.units if u.host.name == host), follow=follow)  # not a group mate's
 
 
 @task(help={"inventory": SELECT["inventory"], "host": "only this host", "json": "one JSON document on stdout",
@@ -283,8 +290,8 @@ def facts(c, inventory=DEFAULT_INVENTORY, host=None, json_=False, forks=None):  
     from gpudeploy.report import facts_text
 
     set_forks(positive_int(forks, "--forks"))
-    p, hosts = plan_and_hosts(inventory, host, None)
-    results = gather(p, hosts)
+    p, hosts, mates = plan_and_hosts(inventory, host, None)
+    results = gather(p, [h for h in hosts if h.name not in mates])
     text, ok = facts_text(results, p.inventory.hosts)
     if json_:
         json.dump({h: ({"error": str(r)} if isinstance(r, Err) else r.to_json()) for h, r in results.items()},

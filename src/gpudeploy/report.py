@@ -281,6 +281,9 @@ def status_text(results: dict[str, Any]) -> tuple[str, bool]:
             if s.gpu_memory:
                 notes.append(f"{host}/{s.role}: GPU memory held by this run: "
                              + ", ".join(f"GPU {g} {v:.1f} GiB" for g, v in sorted(s.gpu_memory.items())))
+            if s.group:
+                notes.append(f"{host}/{s.role}: {s.group}"
+                             + (f"; the group is DOWN: {s.group_down}" if s.group_down else ""))
             if s.last_failure:
                 notes.append(f"{host}/{s.role}: last failure: {s.last_failure}"
                              + (f"\n    next step: {s.next_step}" if s.next_step else ""))

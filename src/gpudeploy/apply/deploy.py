@@ -26,6 +26,7 @@ from ..remote.base import Transport
 from ..supervisor.base import Run, Supervisor, UnitState
 from ..verify.causes import Cause, FlagName
 from ..verify.gate import GateResult, gate_runs
+from ..verify.group import GroupLinks
 
 RUNS_DIR = "/var/lib/gpudeploy/runs"
 STOP_MARGIN_S = 30.0  # what a stop may take beyond the unit's own stop timeout
@@ -112,7 +113,8 @@ def _flag_name(u: Unit) -> FlagName:
 
 
 def start_and_gate(remote: Transport, supervisor: Supervisor, units: list[Unit], files: dict[str, Any],
-                    states: dict[str, UnitState], opts: Options, cancel: Cancel | None) -> list[UnitOutcome]:
+                    states: dict[str, UnitState], opts: Options, cancel: Cancel | None,
+                    links: GroupLinks | None = None) -> list[UnitOutcome]:
     host = remote.host.name
     outcomes: dict[str, UnitOutcome] = {}
     started: list[tuple[Unit, Run]] = []
@@ -142,7 +144,7 @@ def start_and_gate(remote: Transport, supervisor: Supervisor, units: list[Unit],
 
     try:
         gates = gate_runs(remote, supervisor, started, on_phase=on_phase, flag_name=_flag_name,
-                          timeout_s=opts.timeout_s, cancel=cancel)
+                          timeout_s=opts.timeout_s, cancel=cancel, links=links)
     except GpudeployError as exc:  # the watch could not even start (connection lost right then)
         gates = {u.name: GateResult(False, "starting", 0.0, Cause("connection-lost", str(exc)))
                  for u, _ in started}

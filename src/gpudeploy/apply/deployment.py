@@ -29,6 +29,7 @@ from ..supervisor import for_host
 from ..supervisor.base import Supervisor, UnitState
 from ..supervisor.process import PROCESS
 from ..supervisor.systemd import SYSTEMD
+from ..verify.group import GroupLinks, rank_words, root_cause
 from ..verify.http import status_of
 from ..verify.smoke import SmokeResult, smoke_test
 from . import check, preflight, rollout
@@ -82,6 +83,11 @@ def reach_targets(unit: Unit, units: list[Unit]) -> list[dict[str, Any]]:
     for up, kind in upstreams_of(unit, units):
         out.append({"address": up.host.address, "port": up.ports["http"], "what": f"{kind} {up.key} http",
                     "from": unit.key})
+    if unit.group is not None and unit.group.rank > 0:
+        # every rank joins the leader's torch.distributed store (NCCL then connects rank to rank)
+        address, _, port = unit.group.dist_init.rpartition(":")
+        out.append({"address": address.strip("[]"), "port": int(port),
+                    "what": f"the dist-init port of its group's leader {unit.group.leader}", "from": unit.key})
     if unit.role.settings.get("disaggregation_mode") == "decode":
         for other in units:
             if other.deployment == unit.deployment and "bootstrap" in other.ports:
@@ -243,20 +249,30 @@ def _run(sessions: dict[str, HostSession], units: list[Unit], secrets: dict[str,
             s.supervisor.installed(s.remote)
 
     _phase(sessions, upload, units, result, cancel)
+    # A group restarts whole: one rank restarted alone would find no peers (theirs broke).
+    restart = {(u.deployment, u.role.name) for us in to_start.values() for u in us if u.group is not None}
+    for u in units:
+        if u.group is not None and (u.deployment, u.role.name) in restart and u.host.name in sessions \
+                and u not in to_start.get(u.host.name, []):
+            outcomes.pop(u.key, None)
+            to_start.setdefault(u.host.name, []).append(u)
+            say(f"[{u.host.name}/{u.role.name}] restarted with its group (another rank changed)")
 
     def wave(routers: bool) -> None:
+        links = GroupLinks(u for us in to_start.values() for u in us)
+
         def one(host: Host) -> None:
             s = sessions[host.name]
             mine = [u for u in to_start.get(host.name, [])
                     if ok(u) and (u.role.engine == "sglang_router") == routers
                     and (not routers or all(outcomes.get(e.key) and outcomes[e.key].ok
                                             for e, _ in upstreams_of(u, units)))]
-            for o in start_and_gate(s.remote, s.supervisor, mine, s.files, s.states, opts, cancel):
+            for o in start_and_gate(s.remote, s.supervisor, mine, s.files, s.states, opts, cancel, links):
                 outcomes[o.unit.key] = o
         _phase(sessions, one, units, result, cancel)
-        for o in list(outcomes.values()):
+        for o in _group_first(list(outcomes.values())):
             if not o.ok and deps[o.unit.deployment].ok and not o.action.startswith("would"):
-                deps[o.unit.deployment].fail(f"{o.unit.key} {o.action}"
+                deps[o.unit.deployment].fail(f"{rank_words(o.unit)} {o.action}"
                                              + (f": {o.gate.cause.summary}" if o.gate and o.gate.cause else ""))
 
     wave(routers=False)
@@ -277,6 +293,22 @@ def _run(sessions: dict[str, HostSession], units: list[Unit], secrets: dict[str,
 
     _phase(sessions, smoke, units, result, cancel)
     _clean_up_failures(sessions, units, opts, result, outcomes, cancel)
+
+
+def _group_first(outcomes: list[UnitOutcome]) -> list[UnitOutcome]:
+    """Outcomes with each multi-node group's root cause first: the deployment's failure names the
+    rank that failed first, not one that lost its peers because of it."""
+    groups: dict[tuple[str, str], list[UnitOutcome]] = {}
+    for o in outcomes:
+        if o.unit.group is not None:
+            groups.setdefault((o.unit.deployment, o.unit.role.name), []).append(o)
+    first = []
+    for members in groups.values():
+        root = root_cause([(o.unit, o.gate.cause if o.gate else None, o.gate.died_at if o.gate else None)
+                           for o in members if not o.ok])
+        if root is not None:
+            first += [o for o in members if o.unit is root[0]]
+    return first + [o for o in outcomes if o not in first]
 
 
 def _phase(sessions: dict[str, HostSession], fn: Any, units: list[Unit], result: DeployResult,

@@ -51,11 +51,12 @@ class TeardownOutcome:
 
 
 def teardown(plan: Plan, hosts: list[Host], *, purge: bool, deployments: list[str],
-             cancel: Cancel | None = None, lock_wait_s: float = 600.0
+             cancel: Cancel | None = None, lock_wait_s: float = 600.0, group_hosts: tuple[str, ...] = ()
              ) -> dict[str, list[TeardownOutcome] | GpudeployError]:
     """Stop in order across every host (routers, then decode, then the rest, prefill last), then
     prove each host clean. Units of ``deployments`` that the plan no longer has are found by their
-    own files and stopped too."""
+    own files and stopped too. On ``group_hosts`` (there only for the other ranks of a selected
+    multi-node group) only the planned units are stopped."""
     names = sorted(deployments)
     results: dict[str, list[TeardownOutcome] | GpudeployError] = {}
     with ExitStack() as stack:
@@ -65,7 +66,8 @@ def teardown(plan: Plan, hosts: list[Host], *, purge: bool, deployments: list[st
         found: dict[str, dict[str, UnitState]] = {}
 
         def inspect(host: Host) -> None:
-            spec = {"units": list(planned[host.name]), "gpus": True, "deployments": names}
+            spec = {"units": list(planned[host.name]), "gpus": True,
+                    "deployments": [] if host.name in group_hosts else names}
             session = sessions[host.name]
             facts = probe(session.remote, spec)
             session.supervisor = for_host(host, facts)

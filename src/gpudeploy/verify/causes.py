@@ -73,6 +73,13 @@ RULES: tuple[Rule, ...] = (
          "the engine rejected its command line (a flag or value this release does not have)",
          lambda s, f: "check the engine_versions of the host against the SGLang actually installed there"),
     PORT_IN_USE,
+    # A multi-node group's other node went away: its gloo (or NCCL) connections broke. Before the
+    # generic rules: the launcher's "Received sigquit" follows it. The cause is that other rank's.
+    Rule("peer-lost", re.compile(r"(Connection closed by peer|Connection reset by peer|ncclRemoteError"
+                                 r"|remote process exited)"),
+         "a rank on another node of this group went away (its connections to this node broke)",
+         lambda s, f: "the group's first failure is the real cause: see the rank it names; `invoke status` "
+                      "shows every rank"),
     # Not "NCCL WARN": NCCL_DEBUG=WARN/INFO (which the advice below suggests) prints harmless ones.
     Rule("nccl-error", re.compile(r"(NCCL error|DistBackendError|ncclUnhandledCudaError|ncclSystemError"
                                   r"|ncclInternalError|ncclInvalidUsage)"),

@@ -26,6 +26,7 @@ from ..progress import progress_of
 from ..remote.base import Transport
 from ..supervisor.base import Run, Supervisor
 from .causes import Cause, FlagName, classify, fatal_rule, log_format, phase_of
+from .group import GroupLinks, rank_words
 from .http import status_of
 
 
@@ -59,10 +60,11 @@ class GateResult:
 class _Watch:
     """One run's view of its log and state; a Sink of the supervisor's watch."""
 
-    def __init__(self, unit: Unit, run: Run, on_phase: OnPhase) -> None:
+    def __init__(self, unit: Unit, run: Run, on_phase: OnPhase, links: GroupLinks | None = None) -> None:
         self.unit = unit
         self.run = run
         self.on_phase = on_phase
+        self.links = links
         self.t0 = time.monotonic()
         self.stop = threading.Event()
         self.lines: list[str] = []
@@ -110,6 +112,8 @@ class _Watch:
         if from_log:
             self.log_saw_exit.set()  # everything the process wrote came before this
         self.stop.set()
+        if self.links is not None:
+            self.links.failed(self.unit)  # a rank that dies fails its whole group
 
     def lost(self, reason: str) -> None:
         self.lost_reason = reason
@@ -118,12 +122,16 @@ class _Watch:
 
 def gate_runs(remote: Transport, supervisor: Supervisor, runs: list[tuple[Unit, Run]], *, on_phase: OnPhase,
               flag_name: Callable[[Unit], FlagName], timeout_s: float | None = None,
-              cancel: Cancel | None = None) -> dict[str, GateResult]:
-    """Gate every run of ``runs`` (all on ``remote``'s host) at once; unit name -> result."""
-    watches = {u.name: _Watch(u, r, on_phase) for u, r in runs}
+              cancel: Cancel | None = None, links: GroupLinks | None = None) -> dict[str, GateResult]:
+    """Gate every run of ``runs`` (all on ``remote``'s host) at once; unit name -> result.
+
+    ``links`` joins the gates of a multi-node group's ranks on other hosts to these."""
+    watches = {u.name: _Watch(u, r, on_phase, links) for u, r in runs}
     for w in watches.values():
         if cancel is not None:
             cancel.watch(w.stop)
+        if links is not None:
+            links.watch(w.unit, w.stop)
     results: dict[str, GateResult] = {}
 
     def one(w: _Watch) -> None:
@@ -133,6 +141,8 @@ def gate_runs(remote: Transport, supervisor: Supervisor, runs: list[tuple[Unit, 
             results[w.unit.name] = GateResult(False, w.phase, time.monotonic() - w.t0, Cause(
                 "gate-error", f"the gate itself failed: {type(exc).__name__}: {exc}", tuple(w.lines[-5:]),
                 "`invoke status` shows the unit's state; please report this error"), w.lines)
+        if links is not None and not results[w.unit.name].ok:
+            links.failed(w.unit)  # its gate gave up: the other ranks' gates need not wait
 
     with supervisor.watch(remote, [r for _, r in runs], dict(watches)):
         threads = [threading.Thread(target=one, args=(w,), daemon=True) for w in watches.values()]
@@ -148,6 +158,12 @@ def _gate_one(remote: Transport, supervisor: Supervisor, watch: _Watch, flag_nam
     unit = watch.unit
     timeout = timeout_s if timeout_s is not None else unit.role.health.timeout_s
     ready_at = _poll_health(unit, watch, timeout, remote)
+    if ready_at is not None and watch.links is not None and unit.group is not None:
+        # A ready rank is ready when its whole group is: keep watching it until then.
+        watch.links.ready(unit)
+        watch.links.wait_group(unit, watch.stop)
+        if watch.exit_words is not None or watch.fatal_at is not None or watch.links.failure_of(unit):
+            ready_at = None
     watch.stop.set()
     # Without a fatal line yet, the last lines decide the cause: let the stream catch up.
     if (ready_at is None and watch.died_at is not None and watch.fatal_at is None
@@ -180,6 +196,12 @@ def _gate_one(remote: Transport, supervisor: Supervisor, watch: _Watch, flag_nam
         cause = classify(watch.lines, dict(unit.role.settings), flag_name, exited=watch.exit_words is not None,
                          exit_status=_exit_words(watch.exit_words or ""), fmt=watch.fmt)
         return GateResult(False, watch.phase, elapsed, cause, watch.lines, died_at=watch.died_at)
+    first = watch.links.failure_of(unit) if watch.links is not None else None
+    if first is not None and first != unit.key:
+        cause = Cause("group-failed", f"another rank of this {unit.group.nnodes if unit.group else '?'}-node group "
+                      f"failed first ({first}); this {rank_words(unit)} was still {watch.phase}",
+                      tuple(watch.lines[-3:]), "the group's cause is that rank's: see it in the report")
+        return GateResult(False, watch.phase, elapsed, cause, watch.lines)
     tail = tuple(watch.lines[-8:])
     cause = Cause("timeout", f"not ready after {timeout:g} s; last phase reached: {watch.phase}", tail,
                   "raise health.timeout_s in the role if the model is just slow to load; otherwise the "

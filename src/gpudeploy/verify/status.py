@@ -39,6 +39,8 @@ class UnitStatus:
     workers: list[dict[str, Any]] | None = None  # a router's own view of its workers (/workers)
     gpu_memory: dict[int, float] = field(default_factory=dict)  # GPU -> GiB its run's processes hold (NVML)
     router_view: list[str] = field(default_factory=list)  # an engine as its routers see it
+    group: str | None = None  # a multi-node rank: "rank 1 of 2 (leader lab1)"
+    group_down: str | None = None  # another rank of its group is down: which, and why
 
     def to_json(self) -> dict[str, Any]:
         return {"host": self.host, "unit": self.unit, "role": self.role, "deployment": self.deployment,
@@ -47,15 +49,51 @@ class UnitStatus:
                 "main_pid": self.main_pid, "uptime_s": self.uptime_s, "ports": self.ports, "health": self.health,
                 "healthy": self.healthy, "deployed": self.deployed, "pids": [p["pid"] for p in self.procs],
                 "orphans": [{"pid": p["pid"], "cmd": p["cmd"]} for p in self.orphans],
-                "last_failure": self.last_failure, "next_step": self.next_step}
+                "last_failure": self.last_failure, "next_step": self.next_step,
+                "group": self.group, "group_down": self.group_down}
 
 
-def status(plan: Plan, hosts: list[Host]) -> dict[str, list[UnitStatus] | GpudeployError]:
+def status(plan: Plan, hosts: list[Host], group_hosts: tuple[str, ...] = ()
+           ) -> dict[str, list[UnitStatus] | GpudeployError]:
+    """``group_hosts``: hosts looked at only for the ranks of a selected multi-node group (their
+    other units are not shown)."""
     by_host = {h.name: [u for u in plan.units if u.host.name == h.name] for h in hosts}
     names = sorted(deployments(plan.inventory))
-    results = for_each_host(hosts, lambda h: host_status(h, by_host[h.name], names, plan.inventory.deployment))
-    _router_views([s for r in results.values() if not isinstance(r, GpudeployError) for s in r])
+    results = for_each_host(hosts, lambda h: host_status(h, by_host[h.name], [] if h.name in group_hosts else names,
+                                                         plan.inventory.deployment))
+    found = [s for r in results.values() if not isinstance(r, GpudeployError) for s in r]
+    _router_views(found)
+    _group_views(found, plan.units, results)
     return results
+
+
+def _group_views(found: list[UnitStatus], units: tuple[Unit, ...], results: dict[str, Any]) -> None:
+    """A multi-node group is one engine: a rank that is down (or unreachable) makes every rank unhealthy."""
+    groups: dict[tuple[str, str], list[tuple[Unit, UnitStatus | None]]] = {}
+    for u in units:
+        if u.group is not None:
+            mine = next((s for s in found if s.host == u.host.name and s.unit == u.name), None)
+            groups.setdefault((u.deployment, u.role.name), []).append((u, mine))
+    for ranks in groups.values():
+        down = []
+        for u, s in ranks:
+            assert u.group is not None
+            if s is None:
+                res = results.get(u.host.name)
+                down.append(f"rank {u.group.rank} on {u.host.name} "
+                            + ("unreachable" if isinstance(res, GpudeployError) else "not looked at"))
+            elif not s.healthy:
+                why = s.last_failure or ("not deployed" if not s.deployed else f"{s.state}, health {s.health}")
+                down.append(f"rank {u.group.rank} on {u.host.name}: {why}")
+        for u, s in ranks:
+            if s is None or u.group is None:
+                continue
+            lead = "leader" if u.group.rank == 0 else f"leader {u.group.leader}"
+            s.group = f"rank {u.group.rank} of {u.group.nnodes} ({lead})"
+            others = [d for d in down if not d.startswith(f"rank {u.group.rank} on")]
+            if others and s.deployed:
+                s.group_down = "; ".join(others)
+                s.healthy = False
 
 
 def host_status(host: Host, units: list[Unit], deployment_names: list[str], default: str) -> list[UnitStatus]:

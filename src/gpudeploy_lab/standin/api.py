@@ -164,6 +164,18 @@ class EngineState:
 SECRET_KEYS = ("model_path", "tokenizer_path")  # reported, the real router downloads a tokenizer
 
 
+class DummyHealthHandler(BaseHandler):
+    """What a multi-node group's non-zero node serves once its schedulers are ready (SGLang's
+    ``launch_dummy_health_check_server``): /health and /health_generate 200, nothing else."""
+
+    def do_GET(self) -> None:
+        path = self.path.split("?", 1)[0]
+        if path in ("/health", "/health_generate", "/ping"):
+            self.send_bytes(200, b"", "text/plain")
+        else:
+            self.send_json(404, {"detail": "Not Found"})
+
+
 def make_engine_handler(state: EngineState) -> type[BaseHandler]:
     api_key = state.server_args.get("api_key")
 

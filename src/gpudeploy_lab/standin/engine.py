@@ -24,6 +24,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,7 @@ from gpudeploy_lab.standin.memory import (
     torch_oom,
 )
 from gpudeploy_lab.standin.release import sglang_release
+from gpudeploy_lab.standin.world import World, listen_error
 
 # Phase durations in seconds at SGLANG_STANDIN_SPEED=1.0 (about 3 s in all).
 T_INIT, T_WEIGHTS, T_KV, T_GRAPH, T_WARMUP = 0.15, 1.0, 0.2, 1.0, 0.5
@@ -83,6 +85,13 @@ FRAMES = {
     "nccl": [("managers/scheduler.py", 3052, "run_scheduler_process", "scheduler = Scheduler("),
              ("distributed/parallel_state.py", 1301, "init_distributed_environment",
               "torch.distributed.barrier(group=_WORLD.cpu_group)")],
+    "broadcast": [("managers/scheduler.py", 3070, "run_scheduler_process", "scheduler.event_loop_overlap()"),
+                  ("managers/scheduler.py", 1102, "event_loop_overlap", "recv_reqs = self.recv_requests()"),
+                  ("managers/scheduler.py", 1190, "recv_requests", "recv_reqs = broadcast_pyobj("),
+                  ("utils/common.py", 1455, "broadcast_pyobj",
+                   "dist.broadcast(tensor_size, src=src, group=dist_group)"),
+                  ("/usr/local/lib/python3.12/dist-packages/torch/distributed/distributed_c10d.py", 2974,
+                   "broadcast", "work.wait()")],
     "run": [("managers/scheduler.py", 3070, "run_scheduler_process", "scheduler.event_loop_overlap()"),
             ("managers/scheduler.py", 1120, "event_loop_overlap",
              "batch_result = self.run_batch(batch)")],
@@ -96,6 +105,9 @@ NCCL_TEXT = (
     "Last error:\n"
     "socketStartConnect: Connect to 127.0.0.1<38273> failed : Software caused connection abort"
 )
+# gloo's words when the other end of a connection is gone (gloo/transport/tcp/pair.cc).
+PEER_LOST_TEXT = ("RuntimeError: [/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:534] "
+                  "Connection closed by peer {peer}")
 CRASH_TEXT = (
     "torch.AcceleratorError: CUDA error: an illegal memory access was encountered\n"
     "CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace "
@@ -107,7 +119,7 @@ def scheduler_exception(phase: str, message: str) -> str:
     """``Scheduler hit an exception: Traceback ...`` as a scheduler logs it."""
     lines = ["Scheduler hit an exception: Traceback (most recent call last):"]
     for path, line, func, code in FRAMES[phase]:
-        lines.append(f'  File "{SITE}/{path}", line {line}, in {func}')
+        lines.append(f'  File "{path if path.startswith("/") else f"{SITE}/{path}"}", line {line}, in {func}')
         lines.append(f"    {code}")
     lines.append(message.rstrip("\n"))
     return "\n".join(lines)
@@ -190,11 +202,14 @@ def visible_devices(gpus: list[Any] | None) -> list[int] | None:
     return out
 
 
-def make_plan(ns: argparse.Namespace, s: EngineSettings) -> EnginePlan:
+def make_plan(ns: argparse.Namespace, s: EngineSettings, local_tp: int | None = None) -> EnginePlan:
+    """This node's numbers: its own ``local_tp`` ranks (all of them on one node), each holding
+    1/tp of the weights of the whole group."""
     inventory = load_gpus()
     gpus = inventory[1] if inventory else []
     totals = {g.index: g.memory_total_bytes for g in gpus}
-    per_rank = resolve_gpus(visible_devices(gpus or None), s, totals, default_gpu_bytes())
+    mine = s if local_tp is None else replace(s, tp=local_tp)
+    per_rank = resolve_gpus(visible_devices(gpus or None), mine, totals, default_gpu_bytes())
     others: dict[int, int] = {}
     for rec in live_records(exclude=[os.getpid()]):
         others[rec["gpu"]] = others.get(rec["gpu"], 0) + rec["used_bytes"]
@@ -229,13 +244,18 @@ def checkpoint_shards(model_path: str, weights_bytes: int) -> int:
     return found or max(1, -(-weights_bytes // 5_000_000_000))
 
 
-def rank_script(plan: EnginePlan, rank: int, flt: str, k: float, shards: int = 1) -> dict[str, Any]:
+def rank_script(plan: EnginePlan, rank: int, flt: str, k: float, shards: int = 1,
+                first_rank: int = 0, world: bool = False) -> dict[str, Any]:
     """What rank ``rank`` prints, holds and signals, in order (see worker.py for the ops).
 
     Rank 0 also writes SGLang's two tqdm bars to stderr (see progress.py): checkpoint shards while
     loading weights, batch sizes while capturing CUDA graphs, each step at the phase's pace.
+    On a node of a multi-node group, ``rank`` is the node's own rank, ``first_rank`` the group rank
+    of its first (log tags are group ranks; only group rank 0 draws the bars), and with ``world``
+    the rank waits in "Init torch distributed" until every node has joined.
     """
     rp = plan.ranks[rank]
+    tag = f"TP{first_rank + rank}"
     tp = plan.settings.tp
     acts: list[dict[str, Any]] = []
     fail = plan.failure if plan.failure and plan.failure.rank == rank else None
@@ -249,13 +269,13 @@ def rank_script(plan: EnginePlan, rank: int, flt: str, k: float, shards: int = 1
             acts.append({"op": "sleep", "s": s})
 
     def bar(do: str, **kw: Any) -> None:
-        if rank == 0:
+        if rank == 0 and first_rank == 0:
             acts.append({"op": "bar", "do": do, **kw})
 
     def load_shards(fraction: float) -> None:
         """Load ``fraction`` of the checkpoint: one bar step per shard on rank 0."""
         per = T_WEIGHTS * k / shards
-        done = int(shards * fraction) if rank == 0 else 0
+        done = int(shards * fraction) if rank == 0 and first_rank == 0 else 0
         for _ in range(done):
             sleep(per)
             bar("step")
@@ -264,17 +284,21 @@ def rank_script(plan: EnginePlan, rank: int, flt: str, k: float, shards: int = 1
     def die(phase: str, message: str) -> dict[str, Any]:
         acts.append({"op": "fail", "text": scheduler_exception(phase, message), "code": 1})
         return {"rank": rank, "gpu": rp.physical_gpu if rp.physical_gpu is not None else -1,
-                "tag": f"TP{rank}", "actions": acts}
+                "tag": tag, "actions": acts}
 
     def done() -> dict[str, Any]:
         return {"rank": rank, "gpu": rp.physical_gpu if rp.physical_gpu is not None else -1,
-                "tag": f"TP{rank}", "actions": acts, "ignore_sigterm": flt == "ignore-sigterm",
-                "crash_text": scheduler_exception("run", CRASH_TEXT)}
+                "tag": tag, "actions": acts, "ignore_sigterm": flt == "ignore-sigterm",
+                "crash_text": scheduler_exception("run", CRASH_TEXT),
+                "peer_lost_text": scheduler_exception("broadcast", PEER_LOST_TEXT)}
 
     if flt == "leak-worker" and rank == tp - 1:
         acts.append({"op": "leak"})
     used = CUDA_CONTEXT_BYTES
     acts.append({"op": "mem", "bytes": used})
+    if world:
+        log("Init torch distributed begin.")
+        acts.append({"op": "world"})
     sleep(T_INIT * k)
     if fail and fail.phase == "init":
         return die("init", fail.message)
@@ -358,7 +382,7 @@ def rank_script(plan: EnginePlan, rank: int, flt: str, k: float, shards: int = 1
         acts.append({"op": "mem", "bytes": used})
         log(f"Capture cuda graph end. Time elapsed: {{elapsed}} s. mem usage={gb(plan.graph_bytes)} GB. "
             f"avail mem={gb(plan.avail_after_graph)} GB.", elapsed=True)
-    if rank == 0:
+    if rank == 0 and first_rank == 0:
         log(f"max_total_num_tokens={tokens}, chunked_prefill_size={plan.chunked_prefill_size}, "
             f"max_prefill_tokens={plan.settings.max_prefill_tokens}, "
             f"max_running_requests={plan.max_running_requests}, context_len={plan.context_len}, "
@@ -418,7 +442,18 @@ class Engine:
         self.stop = threading.Event()
         self.httpd: api.QuietServer | None = None
         self.bootstrap: api.QuietServer | None = None
-        self.plan = make_plan(ns, self.settings)
+        # A group over several hosts: this node runs tp / nnodes ranks; node 0 leads (serves the API).
+        self.nnodes = max(1, as_int(ns.__dict__.get("nnodes"), 1))
+        self.node_rank = as_int(ns.__dict__.get("node_rank"), 0)
+        self.local_tp = max(1, self.settings.tp // self.nnodes)
+        self.first_rank = self.node_rank * self.local_tp
+        self.world: World | None = None
+        dist = ns.__dict__.get("dist_init_addr")
+        if self.nnodes > 1 and dist:
+            self.world = World(str(dist), self.nnodes, self.node_rank,
+                               on_lost=lambda peer: self.events.put((-2, "lost " + peer)),
+                               on_timeout=lambda text: self.events.put((-2, "timeout " + text)))
+        self.plan = make_plan(ns, self.settings, self.local_tp)
         self.shards = checkpoint_shards(str(opt(ns, "model_path", "model")), self.plan.model.weights_bytes)
         served = ns.__dict__.get("served_model_name") or opt(ns, "model_path", "model")
         args = {k: _jsonable(v) for k, v in vars(ns).items()}
@@ -439,8 +474,9 @@ class Engine:
     def spawn(self) -> None:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_src_root(), env.get("PYTHONPATH")) if p)
-        for rank in range(self.settings.tp):
-            script = rank_script(self.plan, rank, self.fault, self.k, self.shards)
+        for rank in range(self.local_tp):
+            script = rank_script(self.plan, rank, self.fault, self.k, self.shards, self.first_rank,
+                                 world=self.world is not None)
             r_fd, w_fd = os.pipe()
             proc = subprocess.Popen(
                 [sys.executable, "-m", "gpudeploy_lab.standin.worker", "--rank", str(rank),
@@ -475,6 +511,8 @@ class Engine:
             if srv is not None:
                 srv.shutdown()
                 srv.server_close()
+        if self.world is not None:
+            self.world.close()  # the other nodes' links break: they go down too, like gloo peers
 
     def fail(self, *lines: str) -> int:
         """Die like SGLang's launcher after a child failed: log, kill the tree, exit 1."""
@@ -526,6 +564,28 @@ class Engine:
         raw(f"INFO:     Uvicorn running on http://{shown}:{self.port} (Press CTRL+C to quit)")
         return None
 
+    def start_dummy_health(self) -> OSError | None:
+        """A non-zero node of a group: no API, only SGLang's dummy /health once its ranks are ready."""
+        srv = self.serve(self.host, self.port, api.DummyHealthHandler)
+        if isinstance(srv, OSError):
+            raw(f"ERROR:    {self.bind_error(self.host, self.port, srv)}")
+            return srv
+        self.httpd = srv
+        self.state.phase = "ready"
+        return None
+
+    def group_event(self, msg: str) -> int | None:
+        """The world's news: another node left (every rank's next broadcast fails), or never came."""
+        word, _, rest = msg.partition(" ")
+        if self.stop.is_set():
+            return self.shutdown()
+        if word == "lost":
+            for r in self.ranks:
+                r.command(f"peer-lost {rest}")
+            return None
+        emit(scheduler_exception("init", rest), f"TP{self.first_rank}")
+        return self.fail("Received sigquit from a child process. It usually means the child failed.")
+
     def shutdown(self) -> int:
         self.state.phase = "shutting_down"
         if self.httpd is not None:
@@ -539,8 +599,14 @@ class Engine:
 
     def run(self) -> int:
         emit(f"server_args=ServerArgs({_args_repr(self.ns)})")
+        if self.world is not None:
+            err = self.world.start()
+            if err is not None:
+                emit(scheduler_exception("init", listen_error(self.world.port, err)), "TP0")
+                return self.fail("Received sigquit from a child process. It usually means the child failed.")
         self.spawn()
-        tp = self.settings.tp
+        tp = self.local_tp
+        told_world = False
         weights: set[int] = set()
         ready: set[int] = set()
         warm_until: float | None = None
@@ -553,18 +619,31 @@ class Engine:
                 rank, msg = self.events.get(timeout=0.02)
             except queue.Empty:
                 rank, msg = -1, None
+            if self.world is not None and not told_world and self.world.joined.is_set():
+                told_world = True
+                for r in self.ranks:
+                    r.command("world")
+            if rank == -2 and msg:
+                code = self.group_event(msg)
+                if code is not None:
+                    return code
+                continue
             if msg == "silent":
                 self.kill_workers()
                 return 1
             if msg == "weights":
                 weights.add(rank)
-                if len(weights) == tp and self.mode == "prefill":
+                if len(weights) == tp and self.mode == "prefill" and self.node_rank == 0:
                     err = self.start_bootstrap()
                     if err:
                         return self.fail(*os_error_tail("bootstrap", err))
             elif msg == "ready":
                 ready.add(rank)
-                if len(ready) == tp:
+                if len(ready) == tp and self.node_rank > 0:
+                    err = self.start_dummy_health()
+                    if err:
+                        return self.fail(*os_error_tail("http", err))
+                elif len(ready) == tp:
                     err = self.start_http()
                     if err:
                         return self.fail(*os_error_tail("http", err))
@@ -583,7 +662,8 @@ class Engine:
                 if r.errored:
                     return self.fail("Received sigquit from a child process. It usually means the child "
                                      "failed.")
-                return self.fail(f"Rank {r.rank} scheduler is dead. Please check if there are relevant logs.",
+                return self.fail(f"Rank {self.first_rank + r.rank} scheduler is dead. Please check if there are "
+                                 "relevant logs.",
                                  f"Child process unexpectedly failed with exitcode={code}. pid={r.proc.pid}")
             now = time.monotonic()
             if warm_until is not None and now >= warm_until and self.state.phase == "warmup":

@@ -2,7 +2,8 @@
 
 Started by :mod:`gpudeploy_lab.standin.engine` as ``python3 -m gpudeploy_lab.standin.worker --rank N
 --status-fd FD``. The first line on stdin is the JSON script; later stdin lines are commands
-(``crash``). EOF on stdin means the engine died: the worker removes its GPU record and exits,
+(``crash``; ``world``: all nodes of a multi-node group joined; ``peer-lost ADDR``: one left).
+EOF on stdin means the engine died: the worker removes its GPU record and exits,
 unless it has detached (``leak``), in which case it lives on as an orphan holding its record.
 
 Messages to the engine go to the status pipe, one word per line: ``weights``, ``ready``,
@@ -36,6 +37,7 @@ class Worker:
         self.detached = False
         self.lock = threading.Lock()
         self.bar: Tqdm | None = None  # rank 0's tqdm bar on stderr, one at a time
+        self.world = threading.Event()  # every node of a multi-node group has joined
 
     # -------------------------------------------------------------------------------- helpers
 
@@ -93,6 +95,8 @@ class Worker:
                 self.bar_op(act)
             elif op == "hang":
                 threading.Event().wait()
+            elif op == "world":
+                self.world.wait()
         threading.Event().wait()  # ready: serve until told otherwise
 
     def bar_op(self, act: dict[str, Any]) -> None:
@@ -142,6 +146,12 @@ class Worker:
             cmd = line.decode(errors="replace").strip()
             if cmd == "crash":
                 self.fail(str(self.script.get("crash_text") or "RuntimeError: crash"), 1)
+            elif cmd == "world":
+                self.world.set()
+            elif cmd.startswith("peer-lost "):
+                # another node of the group is gone: this rank's next gloo broadcast fails
+                text = str(self.script.get("peer_lost_text") or "RuntimeError: Connection closed by peer {peer}")
+                self.fail(text.replace("{peer}", cmd.split(" ", 1)[1]), 1)
 
 
 def main(argv: list[str] | None = None) -> int:
