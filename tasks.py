@@ -5,6 +5,7 @@
     invoke status   [--host H] [--role R] [--json]
     invoke teardown [--host H] [--role R] [--purge]
     invoke logs     --host H --role R [--follow]
+    invoke render   --target k8s [--out DIR] [--deployment D] [--image IMAGE]
     invoke lab.up | lab.down | lab.status
 """
 
@@ -303,7 +304,33 @@ def facts(c, inventory=DEFAULT_INVENTORY, host=None, json_=False, forks=None):  
         raise Exit(code=1)
 
 
-ns = Collection(plan, deploy, status, teardown, logs, facts)
+@task(help={"target": "what to render: k8s (LeaderWorkerSet engines, the router as a Deployment, Services, ConfigMaps)",
+            "inventory": SELECT["inventory"], "deployment": "only this deployment",
+            "out": "write <deployment>.yaml and NOTES.md into this directory (default: the YAML on stdout)",
+            "image": "the engines' image (default: lmsysorg/sglang:v<the planned release>)",
+            "router_image": "the router's image (default: --image, else its engines' image)"})
+@user_errors
+def render(c, target, inventory=DEFAULT_INVENTORY, deployment=None, out=None, image=None, router_image=None):  # type: ignore[no-untyped-def]
+    """The inventory as Kubernetes manifests, validated offline; nothing is written unless all of them pass."""
+    from pathlib import Path
+
+    from gpudeploy.k8s import Options
+    from gpudeploy.k8s import render as render_k8s
+    from gpudeploy.k8s.write import summary, write_files
+
+    if target != "k8s":
+        raise Exit(f"gpudeploy: --target {target!r}: the one target so far is k8s", code=1)
+    r = render_k8s(inventory, Options(image=image, router_image=router_image), deployment=deployment)
+    if not r.manifests:
+        raise Exit(f"gpudeploy: nothing is placed in {inventory}; nothing was written", code=1)
+    if out is None:
+        sys.stdout.write("".join(r.streams.values()))
+        return
+    write_files(Path(out), r.files())
+    sys.stdout.write(summary(Path(out), r.manifests, r.notes))
+
+
+ns = Collection(plan, deploy, status, teardown, logs, facts, render)
 try:
     from gpudeploy_lab.tasks import lab_collection
 

@@ -18,7 +18,7 @@ fi
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev]'
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev,k8s]'
 # The lab (src/gpudeploy_lab) is not part of the gpudeploy package; the dev venv sees it through
 # a .pth file, as the lab hosts see the stand-in.
 site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')

@@ -1,0 +1,397 @@
+"""Plan -> Kubernetes manifests (dicts), per deployment. Pure: reads the plan, writes nothing.
+
+Per engine role of a deployment (``engine: sglang``): a ConfigMap with its public environment, a
+LeaderWorkerSet (``size`` = the role's nnodes, ``replicas`` = its groups in the deployment) and a
+Service in front of the group leaders. Per router role (``engine: sglang_router``): a ConfigMap, a
+Deployment whose args reach the engines by their Services' DNS names, and a Service. Secrets are
+referenced by name (``<deployment>-secrets``), never rendered: their values stay with the user.
+
+Every pod of one role runs one template, so what the plan lets differ between the hosts of a role
+(ports packed around other roles, host env, releases) must agree here; where it does not, that is
+a problem naming the hosts, not a silent pick. What a manifest cannot say at all (NUMA binding,
+GPU indices, hosts) is in ``notes.py``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import InputError, Problem
+from ..model import Plan, Role, Unit
+from ..plan.build import RESERVED_ENV
+from . import names
+from .args import CONTAINER_PYTHON, engine_args, router_args
+
+LWS_API = "leaderworkerset.x-k8s.io/v1"
+IMAGE = "lmsysorg/sglang:v{release}"  # SGLang's own images: the engine and its sglang-router
+PROBE_PERIOD_S = 10
+PROBE_TIMEOUT_S = 5
+READY_FAILURES = 3
+GPU_RESOURCE = "nvidia.com/gpu"
+IB_SETTING = "disaggregation_ib_device"  # the role declares InfiniBand devices: RDMA settings follow
+
+
+@dataclass(frozen=True)
+class Options:
+    image: str | None = None  # every engine's image; default lmsysorg/sglang:v<planned release>
+    router_image: str | None = None  # default: --image, else the image of the engines it fronts
+
+
+@dataclass(frozen=True)
+class Manifest:
+    doc: dict[str, Any]
+    deployment: str
+    role: Role
+
+    @property
+    def kind(self) -> str:
+        return str(self.doc["kind"])
+
+    @property
+    def name(self) -> str:
+        return str(self.doc["metadata"]["name"])
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.name} (role {self.role.name}, deployment {self.deployment})"
+
+
+@dataclass(frozen=True)
+class RoleSet:
+    """One role of one deployment: its units (every rank of every group), leaders first by group."""
+
+    deployment: str
+    role: Role
+    units: tuple[Unit, ...]
+
+    @property
+    def leaders(self) -> tuple[Unit, ...]:
+        return tuple(u for u in self.units if u.group is None or u.group.rank == 0)
+
+    @property
+    def replicas(self) -> int:
+        return len(self.leaders)
+
+    @property
+    def size(self) -> int:
+        return self.role.nnodes
+
+
+def role_sets(plan: Plan) -> dict[str, list[RoleSet]]:
+    """deployment -> its roles in plan order (engines before routers), each with all its units."""
+    found: dict[tuple[str, str], list[Unit]] = {}
+    for u in plan.units:
+        found.setdefault((u.deployment, u.role.name), []).append(u)
+    out: dict[str, list[RoleSet]] = {}
+    for (dep, _), units in found.items():
+        ranked = sorted(units, key=lambda u: u.group.rank if u.group else 0)
+        out.setdefault(dep, []).append(RoleSet(dep, units[0].role, tuple(ranked)))
+    for sets in out.values():
+        sets.sort(key=lambda s: s.role.engine == "sglang_router")
+    return out
+
+
+def build(plan: Plan, options: Options) -> dict[str, list[Manifest]]:
+    """deployment -> its manifests. Raises InputError with every problem found."""
+    problems: list[Problem] = []
+    out: dict[str, list[Manifest]] = {}
+    for dep, sets in role_sets(plan).items():
+        urls, images = _upstreams(sets, options)
+        manifests: list[Manifest] = []
+        for rs in sets:
+            before = len(problems)
+            _name_problems(rs, problems)
+            if rs.role.engine == "sglang":
+                made = _engine(rs, images[rs.role.name], problems)
+            elif rs.role.engine == "sglang_router":
+                made = _router(rs, urls, images, options, problems)
+            else:
+                problems.append(_problem(rs, "engine", (
+                    f"engine {rs.role.engine} cannot be rendered for Kubernetes: its argv is a template of host "
+                    "values (interpreter, bind address, state directory) and there is no image to run it in; "
+                    "gpudeploy renders sglang and sglang_router roles (render other deployments with --deployment)")))
+                made = []
+            if len(problems) == before:
+                manifests += made
+        _unique(dep, manifests, problems)
+        out[dep] = manifests
+    if problems:
+        raise InputError(problems)
+    return out
+
+
+def _upstreams(sets: list[RoleSet], options: Options) -> tuple[dict[str, str], dict[str, str]]:
+    """Planned upstream URL -> in-cluster URL, and engine role -> image, for one deployment.
+
+    One group: the role's leader Service. Several: each leader by its own DNS name under the
+    headless Service LWS makes (``<lws>-<group>.<lws>``), so a router still sees every server (a
+    PD request's bootstrap must reach the prefill server that took it, not any behind a Service).
+    """
+    urls: dict[str, str] = {}
+    images: dict[str, str] = {}
+    for rs in sets:
+        if rs.role.engine != "sglang":
+            continue
+        images[rs.role.name] = engine_image(rs, options)
+        lws = names.engine(rs.deployment, rs.role.name)
+        for i, u in enumerate(rs.leaders):
+            if "http" not in u.ports:
+                continue
+            host = names.leader_service(rs.deployment, rs.role.name) if rs.replicas == 1 else f"{lws}-{i}.{lws}"
+            urls[f"http://{u.host.address}:{u.ports['http']}"] = f"http://{host}:{u.ports['http']}"
+    return urls, images
+
+
+def engine_image(rs: RoleSet, options: Options) -> str:
+    return options.image or IMAGE.format(release=rs.leaders[0].engine_version)
+
+
+def _engine(rs: RoleSet, image: str, problems: list[Problem]) -> list[Manifest]:
+    role, dep, lead = rs.role, rs.deployment, rs.leaders[0]
+    args = _same(rs, "args", {u.host.name: engine_args(u) for u in rs.units}, problems)
+    env = _same(rs, "env", {u.host.name: _public_env(u) for u in rs.units}, problems)
+    _same(rs, "engine release", {u.host.name: u.engine_version for u in rs.units}, problems)
+    gpus = _same(rs, "GPU count", {u.host.name: len(u.gpus) for u in rs.units}, problems)
+    if args is None or env is None or gpus is None:
+        return []
+    rdma = ib_devices(role)
+    if rdma and "NCCL_IB_HCA" not in env:
+        env["NCCL_IB_HCA"] = rdma  # NCCL across nodes on the same HCAs the KV transfer uses
+    lws = names.engine(dep, role.name)
+    labels = names.labels(dep, role.name, "sglang")
+    ports = [("http", lead.ports["http"])]
+    ports += [(k, lead.ports[k]) for k in ("bootstrap", "nccl") if k in lead.ports]
+    if rs.size > 1:
+        ports.append(("dist-init", int(lead.ports["dist_init"])))
+
+    def pod(leader: bool) -> dict[str, Any]:
+        container: dict[str, Any] = {
+            "name": "sglang", "image": image, "command": [CONTAINER_PYTHON], "args": list(args),
+            "envFrom": [{"configMapRef": {"name": names.env_config(dep, role.name)}}],
+        }
+        if role.secret_env:
+            container["env"] = secret_env(dep, role.secret_env)
+        container["ports"] = [{"name": n, "containerPort": p} for n, p in ports]
+        if gpus:
+            container["resources"] = {"requests": {GPU_RESOURCE: gpus}, "limits": {GPU_RESOURCE: gpus}}
+        if leader:
+            container.update(_engine_probes(rs))
+        container["volumeMounts"] = _mounts(role, rdma)
+        if rdma:
+            container["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
+        spec: dict[str, Any] = {"containers": [container], "volumes": _volumes(role, rdma),
+                                "terminationGracePeriodSeconds": math.ceil(role.stop_timeout_s)}
+        if rdma:
+            spec["hostNetwork"] = True
+            spec["dnsPolicy"] = "ClusterFirstWithHostNet"
+        return {"metadata": {"labels": {**labels, "role": "leader" if leader else "worker"}}, "spec": spec}
+
+    template: dict[str, Any] = {"size": rs.size, "restartPolicy": "RecreateGroupOnPodRestart"}
+    if rs.size > 1:
+        template["leaderTemplate"] = pod(True)
+        template["workerTemplate"] = pod(False)
+    else:
+        template["workerTemplate"] = pod(True)  # a group of one: its only pod is the leader
+    lws_doc = {
+        "apiVersion": LWS_API, "kind": "LeaderWorkerSet",
+        "metadata": {"name": lws, "labels": dict(labels)},
+        "spec": {"replicas": rs.replicas, "startupPolicy": "LeaderReady", "leaderWorkerTemplate": template},
+    }
+    service = {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": names.leader_service(dep, role.name), "labels": dict(labels)},
+        "spec": {"selector": {names.LWS_NAME_LABEL: lws, "role": "leader"},
+                 "ports": [{"name": n, "port": p, "targetPort": n}
+                           for n, p in ports if n in ("http", "bootstrap")]},
+    }
+    return [_config_map(rs, env), Manifest(lws_doc, dep, role), Manifest(service, dep, role)]
+
+
+def _engine_probes(rs: RoleSet) -> dict[str, Any]:
+    """The leader's probes. A group of one: the engine's health path. A group of several: the
+    leader's torch.distributed store (the dist-init port), because with startupPolicy LeaderReady
+    LWS creates the workers only once the leader is Ready, and the leader's /health answers only
+    after every rank has joined: a probe on /health there would wait forever (see notes.py)."""
+    if rs.size > 1:
+        check: dict[str, Any] = {"tcpSocket": {"port": "dist-init"}}
+    else:
+        check = {"httpGet": {"path": rs.role.health.path, "port": "http"}}
+    return _probes(rs.role, check, dict(check))
+
+
+def _probes(role: Role, startup: dict[str, Any], ready: dict[str, Any]) -> dict[str, Any]:
+    """startupProbe sized so that failureThreshold x periodSeconds covers the role's health timeout."""
+    failures = max(1, math.ceil(role.health.timeout_s / PROBE_PERIOD_S))
+    return {
+        "startupProbe": {**startup, "periodSeconds": PROBE_PERIOD_S, "timeoutSeconds": PROBE_TIMEOUT_S,
+                         "failureThreshold": failures},
+        "readinessProbe": {**ready, "periodSeconds": PROBE_PERIOD_S, "timeoutSeconds": PROBE_TIMEOUT_S,
+                           "failureThreshold": READY_FAILURES},
+    }
+
+
+def _router(rs: RoleSet, urls: dict[str, str], images: dict[str, str], options: Options,
+            problems: list[Problem]) -> list[Manifest]:
+    role, dep, lead = rs.role, rs.deployment, rs.leaders[0]
+    planned: dict[str, list[str]] = {}
+    for u in rs.units:
+        args, missing = router_args(u, urls)
+        for url in missing:
+            problems.append(_problem(rs, "upstreams", f"upstream {url} (on host {u.host.name}) is no engine "
+                                                      "rendered for Kubernetes in this deployment"))
+        planned[u.host.name] = args
+    args = _same(rs, "args", planned, problems)
+    env = _same(rs, "env", {u.host.name: _public_env(u) for u in rs.units}, problems)
+    ups = [r for kind in ("prefill", "decode", "workers") for r in role.upstreams.get(kind, ())]
+    image = options.router_image or options.image or next((images[r] for r in ups if r in images), None)
+    if image is None:
+        problems.append(_problem(rs, "upstreams", "no image for the router: it fronts no sglang engine of this "
+                                                  "deployment; give one with --router-image"))
+    if args is None or env is None or image is None:
+        return []
+    name = names.router(dep, role.name)
+    labels = names.labels(dep, role.name, "sglang-router")
+    container: dict[str, Any] = {
+        "name": "router", "image": image, "command": [CONTAINER_PYTHON], "args": args,
+        "envFrom": [{"configMapRef": {"name": names.env_config(dep, role.name)}}],
+    }
+    if role.secret_env:
+        container["env"] = secret_env(dep, role.secret_env)
+    container["ports"] = [{"name": "http", "containerPort": lead.ports["http"]}]
+    # /liveness answers once the router serves; /readiness (the role's path) once its workers are
+    # healthy, which takes as long as the engines' model load: readiness waits, nothing restarts.
+    container.update(_probes(role, {"httpGet": {"path": "/liveness", "port": "http"}},
+                             {"httpGet": {"path": role.health.path, "port": "http"}}))
+    deployment = {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": name, "labels": dict(labels)},
+        "spec": {"replicas": rs.replicas, "selector": {"matchLabels": names.selector(dep, role.name)},
+                 "template": {"metadata": {"labels": dict(labels)},
+                              "spec": {"containers": [container],
+                                       "terminationGracePeriodSeconds": math.ceil(role.stop_timeout_s)}}},
+    }
+    service = {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": name, "labels": dict(labels)},
+        "spec": {"selector": names.selector(dep, role.name),
+                 "ports": [{"name": "http", "port": lead.ports["http"], "targetPort": "http"}]},
+    }
+    return [_config_map(rs, env), Manifest(deployment, dep, role), Manifest(service, dep, role)]
+
+
+def _config_map(rs: RoleSet, env: dict[str, str]) -> Manifest:
+    doc = {"apiVersion": "v1", "kind": "ConfigMap",
+           "metadata": {"name": names.env_config(rs.deployment, rs.role.name),
+                        "labels": names.labels(rs.deployment, rs.role.name,
+                                               "sglang" if rs.role.engine == "sglang" else "sglang-router")},
+           "data": dict(env)}
+    return Manifest(doc, rs.deployment, rs.role)
+
+
+def secret_env(deployment: str, secrets: Iterable[str]) -> list[dict[str, Any]]:
+    """Each secret by reference: the pod reads it from the deployment's Secret, which the user makes."""
+    return [{"name": s, "valueFrom": {"secretKeyRef": {"name": names.secret(deployment), "key": s}}}
+            for s in secrets]
+
+
+def ib_devices(role: Role) -> str | None:
+    """The InfiniBand devices the role names (SGLang's --disaggregation-ib-device), or None."""
+    value = role.settings.get(IB_SETTING)
+    if value is None or value is False or value == "":
+        return None
+    return ",".join(str(v) for v in value) if isinstance(value, list) else str(value)
+
+
+def _public_env(u: Unit) -> dict[str, str]:
+    # The device plugin gives the pod its GPUs, numbered from 0: the host's indices would name others.
+    return {k: v for k, v in u.env.items() if k not in RESERVED_ENV}
+
+
+def _mounts(role: Role, rdma: str | None) -> list[dict[str, Any]]:
+    mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}]
+    path = model_dir(role)
+    if path:
+        mounts.append({"name": "model", "mountPath": path, "readOnly": True})
+    if rdma:
+        mounts.append({"name": "infiniband", "mountPath": "/dev/infiniband"})
+    return mounts
+
+
+def _volumes(role: Role, rdma: str | None) -> list[dict[str, Any]]:
+    volumes: list[dict[str, Any]] = [{"name": "dshm", "emptyDir": {"medium": "Memory"}}]
+    path = model_dir(role)
+    if path:
+        volumes.append({"name": "model", "hostPath": {"path": path, "type": "Directory"}})
+    if rdma:
+        volumes.append({"name": "infiniband", "hostPath": {"path": "/dev/infiniband", "type": "Directory"}})
+    return volumes
+
+
+def model_dir(role: Role) -> str | None:
+    """The model directory mounted from the node at the same path (so --model-path is the plan's);
+    None for a hub id, which the server downloads itself."""
+    path = str(role.model.get("path", ""))
+    return path if path.startswith("/") else None
+
+
+def _same(rs: RoleSet, what: str, per_host: dict[str, Any], problems: list[Problem]) -> Any:
+    """The one value every pod of the role gets, or None (and a problem) where the hosts differ."""
+    values = list(per_host.values())
+    if all(v == values[0] for v in values):
+        return values[0]
+    first_host = next(iter(per_host))
+    others = [h for h, v in per_host.items() if v != values[0]]
+    shown = "; ".join(f"{h}: {_diff(values[0], per_host[h])}" for h in others)
+    problems.append(_problem(rs, None, (
+        f"one pod template serves this role's {len(per_host)} hosts, but its {what} differs from "
+        f"{first_host}'s on {shown}; make them agree (pin ports in the role's ports:, the same env and "
+        "release on every host)")))
+    return None
+
+
+def _diff(a: Any, b: Any) -> str:
+    if isinstance(a, list) and isinstance(b, list):
+        i = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+        return f"word {i} is {b[i] if i < len(b) else '(none)'!r}, not {a[i] if i < len(a) else '(none)'!r}"
+    if isinstance(a, dict) and isinstance(b, dict):
+        keys = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+        return ", ".join(f"{k}={b.get(k)!r} (not {a.get(k)!r})" for k in keys)
+    return f"{b!r}, not {a!r}"
+
+
+def _name_problems(rs: RoleSet, problems: list[Problem]) -> None:
+    dep, role = rs.deployment, rs.role.name
+    wanted = [names.env_config(dep, role)]
+    wanted += [names.engine(dep, role), names.leader_service(dep, role)] if rs.role.engine == "sglang" \
+        else [names.router(dep, role)]
+    for name in wanted:
+        bad = names.name_problem(name)
+        if bad:
+            problems.append(_problem(rs, None, f"{bad}: rename the role or deployment {dep!r}"))
+            return
+    for value in (dep, role):
+        bad = names.label_problem(value)
+        if bad:
+            problems.append(_problem(rs, None, f"{bad}: rename the role or deployment"))
+            return
+    if rs.role.engine == "sglang":
+        bad = names.statefulset_problem(names.engine(dep, role), rs.replicas)
+        if bad:
+            problems.append(_problem(rs, None, f"{bad}: shorten the role or deployment name"))
+
+
+def _unique(dep: str, manifests: list[Manifest], problems: list[Problem]) -> None:
+    seen: dict[tuple[str, str], Manifest] = {}
+    for m in manifests:
+        other = seen.setdefault((m.kind, m.name), m)
+        if other is not m:
+            problems.append(Problem(f"{m} and role {other.role.name} both need the {m.kind} name {m.name!r} "
+                                    f"in deployment {dep!r}; rename one of the roles",
+                                    file=m.role.file, role=m.role.name))
+
+
+def _problem(rs: RoleSet, key: str | None, message: str) -> Problem:
+    return Problem(f"deployment {rs.deployment}: {message}", file=rs.role.file,
+                   line=rs.role.lines.get(key) if key else None, role=rs.role.name, key=key)

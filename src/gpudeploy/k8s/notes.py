@@ -1,0 +1,90 @@
+"""What the manifests of a deployment cannot say, in the words of its own plan.
+
+gpudeploy binds each engine to a NUMA node, picks its GPUs by index, places it on a host, checks
+memory and releases before it starts anything, and gates the deployment on a real generation. A
+manifest can ask for none of that; these notes say so, per deployment, instead of pretending.
+"""
+
+from __future__ import annotations
+
+from .build import Options, RoleSet, engine_image, ib_devices, model_dir
+from .names import leader_service, secret
+
+VALIDATED = ("Validated offline: the LeaderWorkerSet against its CRD's schema (kubernetes-sigs/lws 060ab4d, "
+             "unknown fields refused), the other kinds against the schemas of Kubernetes {version} "
+             "(kubernetes-validate, strict). Not checked: the LWS webhook's defaults and validation, admission "
+             "policies (Pod Security and others), and whether the cluster has LWS, the NVIDIA device plugin "
+             "and the images.")
+
+
+def deployment_notes(sets: list[RoleSet], options: Options, k8s_version: str) -> list[str]:
+    engines = [rs for rs in sets if rs.role.engine == "sglang"]
+    routers = [rs for rs in sets if rs.role.engine == "sglang_router"]
+    notes: list[str] = []
+    bound = [f"{u.role.name} on {u.host.name}: NUMA node {u.numa_node}, CPUs {u.cpus}"
+             for rs in engines for u in rs.units if u.numa_node is not None and u.cpus]
+    notes.append(
+        "NUMA placement is not expressed" + (f" ({'; '.join(bound)})" if bound else "") + ". Kubernetes "
+        "aligns a pod's GPUs, CPUs and memory to one NUMA node only where the kubelet runs the Topology "
+        "Manager with policy single-numa-node and the CPU Manager with policy static, and only for Guaranteed "
+        "pods (integer CPU and memory requests equal to their limits). These pods request GPUs only (the "
+        "inventory gives no CPU count or memory size per server), so they are Burstable.")
+    indices = [f"{u.role.name} on {u.host.name}: {','.join(str(g) for g in u.gpus)}"
+               for rs in engines for u in rs.units if u.gpus]
+    if indices:
+        notes.append(f"GPU indices are not honoured ({'; '.join(indices)}): the device plugin picks a pod's "
+                     "GPUs and numbers them from 0, so CUDA_VISIBLE_DEVICES and CUDA_DEVICE_ORDER are left out.")
+    hosts = sorted({u.host.name for rs in sets for u in rs.units})
+    notes.append(f"Hosts are not expressed: the inventory places this deployment on {', '.join(hosts)}; the "
+                 "scheduler puts each pod on any node with free GPUs (add a nodeSelector or affinity with your "
+                 "cluster's labels where it matters).")
+    images: dict[str, list[str]] = {}
+    for rs in engines:
+        images.setdefault(engine_image(rs, options), []).append(rs.role.name)
+    for image, roles in images.items():
+        releases = sorted({str(u.engine_version) for rs in engines if rs.role.name in roles for u in rs.units})
+        notes.append(f"Image {image} for {', '.join(roles)}: their flags were rendered and checked for SGLang "
+                     f"{', '.join(releases)}, so the image must run that release (--image to choose another).")
+    for rs in routers:
+        ups = [r for kind in ("prefill", "decode", "workers") for r in rs.role.upstreams.get(kind, ())]
+        used = options.router_image or options.image or next(
+            (engine_image(e, options) for e in engines if e.role.name in ups), "?")
+        notes.append(f"Router {rs.role.name} runs in {used} with the sglang-router that image ships, not "
+                     f"necessarily the planned sglang_router {rs.leaders[0].engine_version} (--router-image to "
+                     "choose).")
+    for path in sorted({p for rs in engines if (p := model_dir(rs.role))}):
+        notes.append(f"Model: {path} is mounted read-only from the node (hostPath, type Directory), so it must "
+                     "exist at that path on every node a pod may run on; for a PersistentVolumeClaim, replace "
+                     "the volume named model.")
+    secrets = {s: [rs.role.name for rs in sets if s in rs.role.secret_env]
+               for rs in sets for s in rs.role.secret_env}
+    if secrets:
+        dep = sets[0].deployment
+        literal = " ".join(f'--from-literal={s}="${s}"' for s in secrets)
+        notes.append(f"Secrets {', '.join(secrets)} are read from Secret {secret(dep)}, which gpudeploy does not "
+                     f"write (no value leaves your environment): kubectl create secret generic {secret(dep)} "
+                     f"{literal}")
+    for rs in engines:
+        if rs.size > 1:
+            notes.append(
+                f"{rs.role.name} spans {rs.size} nodes per group. Its leader is Ready once its torch.distributed "
+                "store listens (the dist-init port), not at its health path: with startupPolicy LeaderReady, LWS "
+                "creates the workers only after the leader is Ready, and SGLang's leader answers "
+                f"{rs.role.health.path} only after every rank has joined. So Service "
+                f"{leader_service(rs.deployment, rs.role.name)} may send requests to a leader that is still "
+                "loading (refused until it serves); a router's own health checks hold its traffic until then.")
+    rdma = [rs.role.name for rs in engines if ib_devices(rs.role)]
+    if rdma:
+        notes.append(
+            f"RDMA ({', '.join(rdma)} name InfiniBand devices): hostNetwork with ClusterFirstWithHostNet, "
+            "/dev/infiniband from the node, IPC_LOCK and NCCL_IB_HCA. The container can open those devices only "
+            "through an RDMA device plugin's resource (add it under resources) or privileged: true, which is not "
+            "set (a privileged container sees every GPU of its node). On the host network the planned ports are "
+            "the node's: two such pods on one node must not share one (the plan checked this per inventory host "
+            "only). GID index, traffic class and service level are your fabric's: set NCCL_IB_* in the role's env.")
+    notes.append("Not done by Kubernetes, done by deploy: the memory preflight, the checks of GPUs and engine "
+                 "release on the host, failure causes read from the server's log, the final generation through "
+                 "the router, and teardown's proof that nothing is left. LimitMEMLOCK=infinity has no pod "
+                 "equivalent.")
+    notes.append(VALIDATED.format(version=k8s_version))
+    return notes
