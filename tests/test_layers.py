@@ -69,3 +69,14 @@ def test_folders_depend_on_each_other_one_way() -> None:
     for n in sorted(edges):
         if n not in state:
             visit(n, [n])
+
+
+
+def test_k8s_renders_from_the_plan_and_touches_nothing() -> None:
+    """k8s/ turns a plan into manifests: it reads the plan, the model and the errors, never a host
+    (no remote, facts, apply, verify or supervisor) and never a cluster."""
+    graph = _imports()
+    modules = set(graph)
+    used = {_node(real) for module, deps in graph.items() if _node(module) == "k8s"
+            for dep in deps for real in [dep if dep in modules else dep.rsplit(".", 1)[0]] if real in modules}
+    assert used <= {"k8s", "plan", "model", "errors"}, used
