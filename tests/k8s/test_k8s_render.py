@@ -46,6 +46,7 @@ def test_a_role_over_two_nodes_is_one_leaderworkerset_of_size_2(tmp_path: Path) 
     assert leader["startupProbe"]["tcpSocket"] == {"port": "dist-init"}
     assert leader["startupProbe"]["failureThreshold"] * leader["startupProbe"]["periodSeconds"] >= 3600
     assert {"name": "dist-init", "containerPort": 20000} in leader["ports"]
+    assert "dist-init" not in [p["name"] for p in worker["ports"]]
     assert "startupProbe" not in worker and "readinessProbe" not in worker
     template = spec["leaderWorkerTemplate"]
     assert [template[t]["metadata"]["labels"]["role"] for t in ("leaderTemplate", "workerTemplate")] == [

@@ -173,7 +173,8 @@ def _engine(rs: RoleSet, image: str, problems: list[Problem]) -> list[Manifest]:
         }
         if role.secret_env:
             container["env"] = secret_env(dep, role.secret_env)
-        container["ports"] = [{"name": n, "containerPort": p} for n, p in ports]
+        # Only the leader listens on the dist-init port (its torch.distributed store).
+        container["ports"] = [{"name": n, "containerPort": p} for n, p in ports if leader or n != "dist-init"]
         if gpus:
             container["resources"] = {"requests": {GPU_RESOURCE: gpus}, "limits": {GPU_RESOURCE: gpus}}
         if leader:
