@@ -57,6 +57,9 @@ Faults (SGLANG_STANDIN_FAULT; an unknown name exits 2):
   hang-warmup        HTTP up, /health 503 forever
   crash-after-ready  ready, then after SGLANG_STANDIN_FAULT_AFTER s (1) rank 0 logs a CUDA illegal
                      memory access and the server exits 1
+  crash-after-requests  dies under load: ready and serving; once it has taken SGLANG_STANDIN_FAULT_AFTER
+                     generation requests (10), rank 0 logs the same CUDA illegal memory access and the
+                     server exits 1 (the smoke generation before is request 1)
   ignore-sigterm     launcher and workers ignore SIGTERM
   worker-dies        rank 1 (0 at TP1) is SIGKILLed mid capture: "Rank 1 scheduler is dead. ..." exit 1
   leak-worker        the last rank double-forks into a new session and outlives the launcher,
@@ -85,6 +88,7 @@ FAULTS = (
     "hang",
     "hang-warmup",
     "crash-after-ready",
+    "crash-after-requests",
     "ignore-sigterm",
     "worker-dies",
     "leak-worker",

@@ -674,6 +674,9 @@ class Engine:
                 emit("The server is fired up and ready to roll!", "TP0")
                 if self.fault == "crash-after-ready":
                     crash_at = now + env_float("SGLANG_STANDIN_FAULT_AFTER", 1.0)
+            if (self.fault == "crash-after-requests" and not crashed and self.state.phase == "ready"
+                    and self.state.requests >= env_float("SGLANG_STANDIN_FAULT_AFTER", 10.0)):
+                crash_at = now
             if crash_at is not None and not crashed and now >= crash_at:
                 crashed = True
                 self.ranks[0].command("crash")
