@@ -207,3 +207,20 @@ def test_cli_prints_the_yaml_without_out_and_refuses_other_targets(tmp_path: Pat
     assert len(docs(res.stdout)) == 9
     res = invoke("render", "--target", "helm")
     assert res.returncode == 1 and "the one target so far is k8s" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_each_deployment_is_its_own_file_and_one_can_be_chosen(tmp_path: Path) -> None:
+    inv = write_inventory(tmp_path, {
+        "n1": {"address": "192.0.2.11", "roles": ["prefill", "decode", "router"]},
+        "n2": {"address": "192.0.2.12", "deployment": "blue", "roles": ["prefill", "decode", "router"]},
+    }, {"prefill": PREFILL, "decode": DECODE, "router": ROUTER})
+    files = render(inv).files()
+    assert sorted(files) == ["NOTES.md", "blue.yaml", "t.yaml"]
+    blue = files["blue.yaml"]
+    args = container(by_kind(blue, "Deployment")["blue-router"])["args"]
+    assert args[args.index("--prefill") + 1] == "http://blue-prefill-leader:30000"
+    assert not [d for d in docs(blue) if d["metadata"]["name"].startswith("t-")]
+    out = tmp_path / "out"
+    res = invoke("render", "--target", "k8s", "--inventory", inv, "--deployment", "blue", "--out", str(out))
+    assert res.returncode == 0, res.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["NOTES.md", "blue.yaml"]
