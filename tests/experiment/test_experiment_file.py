@@ -128,8 +128,9 @@ benchmark: {concurrency: [1]}
 choose: {stop_when_gain_below_percent: 5}
 """))
     assert [v.name for v in exp.variants] == [
-        "base", "max_running_requests=64,chunked_prefill_size=4096", "max_running_requests=64,chunked_prefill_size=8192",
-        "max_running_requests=128,chunked_prefill_size=4096", "max_running_requests=128,chunked_prefill_size=8192"]
+        "base", "max_running_requests=64,chunked_prefill_size=4096",
+        "max_running_requests=64,chunked_prefill_size=8192", "max_running_requests=128,chunked_prefill_size=4096",
+        "max_running_requests=128,chunked_prefill_size=8192"]
     assert exp.variants[4].grid_index == (1, 1)
     assert exp.variants[4].overrides == {"decode": {"settings": {"max_running_requests": 128,
                                                                  "chunked_prefill_size": 8192}}}

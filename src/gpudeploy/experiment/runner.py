@@ -39,7 +39,7 @@ from ..verify.status import status
 from . import bench, choose
 from .spec import Experiment
 from .store import RunRow, Store
-from .variants import Planned, deployment_of, plan_variants
+from .variants import Planned, plan_variants
 
 WATCH_EVERY_S = 2.0  # how often the units are looked at while the client runs
 AFTER_DEATH_S = 60.0  # how long the client may go on after an engine died (it ends by itself)
@@ -152,7 +152,7 @@ def _variant(exp: Experiment, index: int, p: Planned, t: bench.Target, store: St
     try:
         result = deploy(p.plan, Options(timeout_s=deploy_timeout_s), calibration)
     except (KeyboardInterrupt, Interrupted):
-        _interrupted(store, exp, p, "while deploying", say)
+        _interrupted(store, exp, p, t, "while deploying", say)
         raise
     deploy_s = time.monotonic() - started
     outcome = result.deployments.get(dep)
@@ -173,12 +173,12 @@ def _variant(exp: Experiment, index: int, p: Planned, t: bench.Target, store: St
     try:
         death = _ladder(exp, p, t, store, say)
     except (KeyboardInterrupt, Interrupted):
-        _interrupted(store, exp, p, "during the benchmark", say)
+        _interrupted(store, exp, p, t, "during the benchmark", say)
         raise
     try:
         _teardown(p.plan, dep, say)
     except (KeyboardInterrupt, Interrupted):
-        _interrupted(store, exp, p, "while tearing down", say)
+        _interrupted(store, exp, p, t, "while tearing down", say)
         raise
     if death:
         store.finish_variant(v.name, "failed-under-load", failure=f"{death.unit}: {death.cause}")
@@ -357,7 +357,7 @@ def _teardown(plan: Plan, dep: str, say: Say) -> None:
             say(f"   teardown on {host}: NOT CLEAN: " + "; ".join(f"{o.role}: pids {o.left}" for o in dirty))
 
 
-def _interrupted(store: Store, exp: Experiment, p: Planned, when: str, say: Say) -> None:
+def _interrupted(store: Store, exp: Experiment, p: Planned, t: bench.Target, when: str, say: Say) -> None:
     """Ctrl-C: the variant is marked interrupted (--resume runs it again, keeping its finished levels),
     and the user is told what still runs."""
     store.finish_variant(p.variant.name, "interrupted", failure=f"interrupted {when}")
@@ -379,10 +379,6 @@ def _interrupted(store: Store, exp: Experiment, p: Planned, when: str, say: Say)
     else:
         say(f"nothing of deployment {dep} is running.")
     if when == "during the benchmark":
-        say(f"the benchmark client on {p.plan.units[0].host.name} ends by itself within "
+        say(f"the benchmark client on {t.host.name} ends by itself within "
             f"{exp.benchmark.timeout_s:g} s (it runs under timeout)")
     say(f"`invoke experiment --file {shlex.quote(exp.file)} --resume` goes on from here.")
-
-
-def deployment_name(exp: Experiment, plan: Plan) -> str:
-    return plan.units[0].deployment if plan.units else deployment_of(exp, plan.inventory)
