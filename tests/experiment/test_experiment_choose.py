@@ -69,21 +69,24 @@ def test_pareto_front() -> None:
 VLLM_DOC = {"duration": 4.0, "completed": 16, "failed": 0, "request_throughput": 4.0, "output_throughput": 128.0,
             "total_token_throughput": 256.0, "median_ttft_ms": 20.0, "p99_ttft_ms": 45.0, "median_tpot_ms": 8.0,
             "p99_tpot_ms": 12.5, "mean_tpot_ms": 8.2, "median_itl_ms": 8.0, "p99_itl_ms": 20.0,
-            "median_e2el_ms": 300.0, "p99_e2el_ms": 400.0, "ttfts": [0.02] * 16}
+            "median_e2el_ms": 250.0, "p99_e2el_ms": 400.0, "total_output_tokens": 512, "latencies": [0.25] * 16}
 SGLANG_LINE = {"completed": 6, "output_throughput": 60.0, "total_throughput": 90.0, "median_tpot_ms": 0.0,
-               "p99_tpot_ms": 0.01, "median_ttft_ms": 5.0, "p99_ttft_ms": 9.0, "accept_length": 2.5}
+               "p99_tpot_ms": 0.01, "median_ttft_ms": 5.0, "p99_ttft_ms": 9.0, "accept_length": 2.5,
+               "total_output_tokens": 48, "median_e2e_latency_ms": 100.0, "p99_e2e_latency_ms": 150.0}
 
 
 def test_figures_come_from_each_clients_own_names() -> None:
     f = bench.figures("vllm", VLLM_DOC, prompts=16, concurrency=4, gpus=2)
     assert (f["completed"], f["failed"], f["output_tok_s"], f["total_tok_s"]) == (16, 0, 128.0, 256.0)
-    assert f["output_tok_s_per_gpu"] == 64.0 and f["output_tok_s_per_user"] == 125.0  # 1000 / 8 ms
+    assert f["output_tok_s_per_gpu"] == 64.0
+    assert f["output_tok_s_per_user"] == 128.0         # 32 tokens a request in 250 ms
     assert (f["p99_ttft_ms"], f["p99_tpot_ms"]) == (45.0, 12.5)
     text = "\n".join([json.dumps({"completed": 1}), json.dumps(SGLANG_LINE)])  # it appends: the last line
     s = bench.figures("sglang", bench.parse_result("sglang", text), prompts=8, concurrency=2, gpus=0)
     assert s["failed"] == 2 and s["accept_length"] == 2.5 and s["total_tok_s"] == 90.0
     assert s["output_tok_s_per_gpu"] == 60.0          # no GPUs (CPU): per engine
-    assert s["output_tok_s_per_user"] == 30.0         # TPOT 0: output tok/s over the concurrency
+    assert s["output_tok_s_per_user"] == 80.0         # 8 tokens in 100 ms: meaningful where TPOT is ~0
+    assert s["p99_e2el_ms"] == 150.0                  # SGLang's e2e_latency names
 
 
 def test_store_show_and_plot(tmp_path: Path) -> None:
@@ -109,7 +112,7 @@ def test_store_show_and_plot(tmp_path: Path) -> None:
     assert doc["minutes_saved_by_preflight"] == 2.0
     # The raw file is the client's bytes, unchanged.
     raw_file = a["levels"][0]["raw_files"][0]
-    assert json.loads((store.folder / raw_file).read_text())["ttfts"] == [0.02] * 16
+    assert json.loads((store.folder / raw_file).read_text())["latencies"] == [0.25] * 16
     text = table(doc)
     assert "* best under the SLO: b at concurrency 8" in text and "c: SKIPPED: memory preflight" in text
     png = plot(doc, tmp_path / "plot.png")

@@ -147,8 +147,9 @@ def figures(client: str, doc: dict[str, Any], prompts: int, concurrency: int, gp
     """The figures the table shows, read from the client's JSON under its own names.
 
     tok/s per GPU divides output tok/s by the engines' GPUs (by 1 for a CPU engine, which has none);
-    tok/s per user is 1000 / median TPOT (how fast one user's text arrives), or output tok/s over the
-    concurrency where TPOT is zero (an engine that sends the whole answer at once).
+    tok/s per user is a request's output tokens over its median end-to-end latency: the rate at which
+    one user's answer is complete, first token included (1000 / TPOT leaves the wait for the first
+    token out and is meaningless where a stream arrives in one piece: TPOT ~0).
     """
     completed = int(_num(doc, "completed") or 0)
     failed = int(_num(doc, "failed") or 0) if client == "vllm" else max(0, prompts - completed)
@@ -160,12 +161,11 @@ def figures(client: str, doc: dict[str, Any], prompts: int, concurrency: int, gp
                            "accept_length": _num(doc, "accept_length")}
     for m in METRICS:
         for stat in ("mean", "median", "p90", "p99"):
-            out[f"{stat}_{m}_ms"] = _num(doc, f"{stat}_{m}_ms")
+            # SGLang names end-to-end latency e2e_latency; vLLM e2el.
+            name = f"{stat}_e2e_latency_ms" if m == "e2el" and client == "sglang" else f"{stat}_{m}_ms"
+            out[f"{stat}_{m}_ms"] = _num(doc, name)
     output = out["output_tok_s"]
     out["output_tok_s_per_gpu"] = output / max(1, gpus) if output is not None else None
-    tpot = out["median_tpot_ms"]
-    if tpot:
-        out["output_tok_s_per_user"] = 1000.0 / tpot
-    else:
-        out["output_tok_s_per_user"] = output / concurrency if output is not None else None
+    tokens, e2el = _num(doc, "total_output_tokens"), out["median_e2el_ms"]
+    out["output_tok_s_per_user"] = tokens / completed / (e2el / 1000) if tokens and completed and e2el else None
     return out

@@ -53,7 +53,7 @@ def plot(doc: dict[str, Any], path: str | Path) -> Path:
     if best:
         title += f": best under the SLO {best['variant']} at c={best['concurrency']}"
     ax.set_title(title, fontsize=10)
-    ax.set_xlabel("output tok/s per user (1000 / median TPOT)")
+    ax.set_xlabel("output tok/s per user (output tokens / median end-to-end latency)")
     ax.set_ylabel("output tok/s per GPU" + (" (per engine: CPU)" if not any(v.get("gpus") for v in doc["variants"])
                                             else ""))
     ax.grid(True, alpha=0.3)

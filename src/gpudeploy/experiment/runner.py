@@ -118,6 +118,10 @@ def dry_run_lines(exp: Experiment, planned: list[Planned], targets: dict[str, be
     return out
 
 
+def duration(seconds: float) -> str:
+    return f"{seconds:.1f} s" if seconds < 90 else f"{seconds / 60:.1f} min"
+
+
 def _estimate_saved(store: Store, p: Planned) -> tuple[float, str]:
     """What a skipped variant saved: the median deploy of this experiment so far, else the gate's limit."""
     measured = [v["deploy_s"] for v in store.variants() if v.get("deploy_s")]
@@ -144,7 +148,7 @@ def _variant(exp: Experiment, index: int, p: Planned, t: bench.Target, store: St
         saved, basis = _estimate_saved(store, p)
         verdict = "; ".join(p.refusals)
         store.finish_variant(v.name, "skipped", verdict=verdict, saved_s=saved)
-        say(f"== {v.name}: SKIPPED, predicted not to boot: {verdict}\n   saved {saved / 60:.1f} min ({basis})")
+        say(f"== {v.name}: SKIPPED, predicted not to boot: {verdict}\n   saved {duration(saved)} ({basis})")
         return
     dep = p.plan.units[0].deployment
     say(f"== {v.name}: deploying {dep} ({', '.join(u.key for u in p.plan.units)})")

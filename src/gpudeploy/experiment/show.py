@@ -37,7 +37,7 @@ def summary(store: Store) -> dict[str, Any]:
         variants.append({
             "name": v["name"], "status": v["status"], "grid": v["grid"], "overrides": v["overrides"],
             "verdict": v["verdict"], "failure": v["failure"],
-            "saved_min": round(v["saved_s"] / 60, 2) if v.get("saved_s") else None,
+            "saved_min": round(v["saved_s"] / 60, 3) if v.get("saved_s") else None,
             "engine": v["engine"], "engine_release": v["engine_release"], "client": v["client"],
             "synthetic": v["synthetic"], "timing": "synthetic" if v["synthetic"] else "measured",
             "gpus": v["gpus"], "deploy_s": round(v["deploy_s"], 1) if v.get("deploy_s") else None,
@@ -55,6 +55,10 @@ def summary(store: Store) -> dict[str, Any]:
             "minutes_saved_by_preflight": round(saved, 2),
             "synthetic_note": SYNTHETIC if any(v["synthetic"] for v in variants) else None,
             "variants": variants}
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.1f} s" if seconds < 90 else f"{seconds / 60:.1f} min"
 
 
 def _ms(fig: dict[str, Any], stat: str, metric: str) -> str:
@@ -77,7 +81,7 @@ def table(doc: dict[str, Any]) -> str:
             what = v["verdict"] if v["status"] == "skipped" else v["failure"] or v["status"]
             rows.append(("", v["name"], "-", "", "", "", "", "", "", "", "", v["status"]))
             notes.append(f"{v['name']}: {v['status'].upper()}: {what}"
-                         + (f" (saved {v['saved_min']:.1f} min)" if v.get("saved_min") else ""))
+                         + (f" (saved {_duration(v['saved_min'] * 60)})" if v.get("saved_min") else ""))
             continue
         for lv in v["levels"]:
             f = lv["figures"]
@@ -109,10 +113,10 @@ def table(doc: dict[str, Any]) -> str:
         lines.append("no variant met the SLO" if doc["slo"] else "nothing measured yet")
     lines += notes
     if doc["minutes_saved_by_preflight"]:
-        lines.append(f"the memory preflight saved {doc['minutes_saved_by_preflight']:.1f} min of deploys that "
-                     "would not have booted")
+        lines.append(f"the memory preflight saved {_duration(doc['minutes_saved_by_preflight'] * 60)} of deploys "
+                     "that would not have booted")
     if doc.get("synthetic_note"):
         lines.append(f"timing {doc['synthetic_note']}")
-    lines.append("/GPU: output tok/s per GPU (per engine for a CPU engine); /USER: 1000 / median TPOT, the speed one "
-                 "user's text arrives at")
+    lines.append("/GPU: output tok/s per GPU (per engine for a CPU engine); /USER: a request's output tokens / its "
+                 "median end-to-end latency, the rate one user's answer completes at")
     return "\n".join(lines)

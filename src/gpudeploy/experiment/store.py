@@ -57,7 +57,9 @@ CREATE TABLE IF NOT EXISTS runs (
 );
 """
 
-FINISHED = ("measured", "skipped", "deploy-failed", "failed-under-load")
+# What --resume does not run again. A failed deploy is run again: its cause may have been the host
+# (a timeout on a loaded machine, a host that did not answer), not the variant.
+FINISHED = ("measured", "skipped", "failed-under-load")
 
 
 @dataclass(frozen=True)

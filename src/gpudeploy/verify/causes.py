@@ -85,6 +85,13 @@ RULES: tuple[Rule, ...] = (
                                   r"|ncclInternalError|ncclInvalidUsage)"),
          "NCCL failed between the TP workers",
          lambda s, f: "check the GPUs' health and NCCL_* settings (NCCL_DEBUG=INFO in the role's env shows more)"),
+    # A server that was serving and then died (under load, typically): the scheduler's own exception.
+    # Before worker-died: the launcher's "Received sigquit from a child process" follows it.
+    Rule("cuda-illegal-memory-access", re.compile(r"CUDA error: an illegal memory access was encountered"),
+         "a CUDA illegal memory access in the scheduler while it ran requests, so the server exited",
+         lambda s, f: (f"a kernel failed at this load: rerun with CUDA_LAUNCH_BLOCKING=1 in the role's env to name "
+                       f"it; lowering {f('max_running_requests')} (now {_setting(s, 'max_running_requests')}) or "
+                       f"{f('cuda_graph_max_bs')} avoids the batch sizes that hit it")),
     Rule("worker-died", re.compile(r"(Rank \d+ scheduler is dead|Child process unexpectedly failed|"
                                    r"scheduler is dead|Initialization failed\. warmup error)"),
          "a TP worker (scheduler) process died, so the server shut itself down",

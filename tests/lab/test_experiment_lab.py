@@ -1,0 +1,211 @@
+"""`invoke experiment` on real lab hosts, as a user runs it.
+
+Real engine (vLLM's CPU build behind the real sglang-router on lab3, `vllm bench serve` from the lab's
+vLLM venv on lab3): two variants of --max-num-seqs; the store's rows are the client's own JSON.
+
+Stand-ins (SGLang stand-in PD pair behind the real router on lab2; the client is `vllm bench serve`
+from the lab's vLLM venv, because SGLang's bench_serving needs SGLang's whole runtime, see the
+README): a variant the memory preflight refuses is skipped with its verdict and the time it saved, a
+variant whose decode engine dies under load is recorded as failed under load with its cause, and
+--resume after a Ctrl-C re-runs nothing that finished. Waits are conditions with deadlines.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from conftest import Lab
+from deploytools import CALIBRATION, FLAGS_CACHE, REPO, Deployments, gd, standin_role, wait_for
+
+from gpudeploy.experiment import bench
+from gpudeploy_lab import engine
+
+pytestmark = [pytest.mark.lab, pytest.mark.router,
+              pytest.mark.skipif(not (engine.ROUTER.is_built() and engine.VLLM.is_built()),
+                                 reason="the lab's vLLM and sglang-router venvs are not built "
+                                        "(python -m gpudeploy_lab engine)")]
+
+# A small model's facts for the memory preflight (the stand-in serves no real weights).
+FACTS = {"kind": "mha", "weights_bytes": 2_000_000_000, "layers": 16, "kv_heads": 8, "head_dim": 64,
+         "hidden_size": 2048, "intermediate_size": 5632, "vocab_size": 32000, "context_length": 4096}
+VLLM_CLIENT = {"client": "vllm", "python": engine.GUEST_PYTHON, "tokenizer": engine.GUEST_MODEL}
+
+
+def pd_roles() -> dict[str, dict[str, Any]]:
+    model = {"path": "/models/tiny-exp", "facts": FACTS}
+    env = {"SGLANG_STANDIN_WEIGHTS_GIB": "1.9"}
+    pre = standin_role(None, tp=1, settings={"disaggregation_mode": "prefill"}, model=model)
+    dec = standin_role(None, tp=1, settings={"disaggregation_mode": "decode"}, model=model)
+    for r in (pre, dec):
+        r["env"].update(env)
+    rt = {"engine": "sglang_router", "upstreams": {"prefill": ["pre"], "decode": ["dec"]},
+          "python": engine.ROUTER_GUEST_PYTHON, "extra_args": ["--disable-circuit-breaker"],
+          "health": {"timeout_s": 60}, "stop_timeout_s": 5}
+    return {"pre": pre, "dec": dec, "rt": rt}
+
+
+def write_experiment(root: Path, inventory: Path, variants: dict[str, Any], **bench_keys: Any) -> Path:
+    doc = {"inventory": str(inventory), "results": str(root / "results"), "variants": variants,
+           "benchmark": {**VLLM_CLIENT, "input_len": 16, "output_len": 8, "concurrency": [1, 2], "prompts": 6,
+                         "warmup": 1, "timeout_s": 240, **bench_keys}}
+    path = root / "exp.yml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def experiment(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    res = gd("experiment", *args, timeout=timeout)
+    print(res.stdout[-6000:], res.stderr[-3000:])
+    return res
+
+
+def show(path: Path) -> dict[str, Any]:
+    res = gd("experiment.show", "--file", str(path), "--json")
+    assert res.returncode == 0, res.stdout + res.stderr
+    doc: dict[str, Any] = json.loads(res.stdout)
+    return doc
+
+
+def variant(doc: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(v for v in doc["variants"] if v["name"] == name)
+
+
+def unit_active(lab: Lab, host: str, unit: str) -> str:
+    return lab.ssh(host, f"systemctl is-active {unit} || true").stdout.strip()
+
+
+def test_real_vllm_two_variants_store_matches_the_clients_json(deployments: Deployments, lab: Lab,
+                                                              tmp_path: Path) -> None:
+    roles = {name: yaml.safe_load((REPO / "roles" / f"{name}.yml").read_text()) for name in ("vllm-tiny",
+                                                                                             "vllm-router")}
+    inv = deployments.inventory("vexp", roles, host="lab3")
+    exp = write_experiment(tmp_path, inv, {"seqs-1": {"vllm-tiny": {"settings": {"max_num_seqs": 1}}},
+                                           "seqs-4": {"vllm-tiny": {"settings": {"max_num_seqs": 4}}}},
+                           input_len=16, output_len=16, concurrency=[1, 4], prompts=8, warmup=1)
+    started = time.monotonic()
+    res = experiment("--file", str(exp))
+    took = time.monotonic() - started
+    print(f"experiment: two vLLM variants took {took:.0f} s")
+    assert res.returncode == 0, res.stdout + res.stderr
+    doc = show(exp)
+    for name in ("seqs-1", "seqs-4"):
+        v = variant(doc, name)
+        assert v["status"] == "measured" and v["timing"] == "measured" and not v["synthetic"], v
+        assert v["engine_release"] == "vllm 0.32.0", v
+        assert any("KV cache" in line for lines in v["memory"].values() for line in lines), v["memory"]
+        argv = next(u["argv"] for u in v["units"] if u["role"] == "vllm-tiny")
+        assert argv[argv.index("--max-num-seqs") + 1] == name.split("-")[1]
+        assert [lv["concurrency"] for lv in v["levels"]] == [1, 4]
+        for lv in v["levels"]:
+            (raw_file,) = lv["raw_files"]
+            raw = json.loads((tmp_path / "results" / raw_file).read_text())   # the client's own file
+            assert raw["num_prompts"] == 8 and raw["max_concurrency"] == lv["concurrency"], raw.keys()
+            assert len(raw["latencies"]) == 8 and raw["completed"] == 8 and raw["failed"] == 0
+            assert lv["figures"] == bench.figures("vllm", raw, 8, lv["concurrency"], 0)
+            assert lv["figures"]["output_tok_s"] == raw["output_throughput"]
+            assert lv["figures"]["p99_tpot_ms"] == raw["p99_tpot_ms"]
+            assert "--max-concurrency" in lv["client_argv"] and "bench" in lv["client_argv"]
+    # The setting changes throughput: at 4 users, one sequence at a time serializes them.
+    one = variant(doc, "seqs-1")["levels"][1]["figures"]["output_tok_s"]
+    four = variant(doc, "seqs-4")["levels"][1]["figures"]["output_tok_s"]
+    print(f"experiment: c=4 output tok/s: seqs-1 {one:.1f}, seqs-4 {four:.1f}")
+    assert four > 1.3 * one, (one, four)
+    assert doc["best"]["variant"] == "seqs-4"
+    assert (tmp_path / "results" / "plot.png").stat().st_size > 10_000
+    assert "seqs-4" in (tmp_path / "results" / "table.txt").read_text()
+    # The experiment tore its last variant down.
+    assert unit_active(lab, "lab3", "gpudeploy-vexp.vllm-tiny.service") in ("inactive", "failed", "unknown")
+
+
+def test_oom_variant_skipped_and_death_under_load_recorded(deployments: Deployments, lab: Lab,
+                                                           tmp_path: Path) -> None:
+    inv = deployments.inventory("sexp", pd_roles(), host="lab2")
+    exp = write_experiment(tmp_path, inv, {
+        "base": {},
+        "too-small": {"dec": {"settings": {"mem_fraction_static": 0.01}}},   # the weights cannot fit
+        "dies": {"dec": {"env": {"SGLANG_STANDIN_FAULT": "crash-after-requests",
+                                 "SGLANG_STANDIN_FAULT_AFTER": "6"}}},
+    })
+    res = experiment("--file", str(exp))
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out
+    assert "== too-small: SKIPPED, predicted not to boot: memory preflight predicts" in out, out
+    doc = show(exp)
+    base, small, dies = (variant(doc, n) for n in ("base", "too-small", "dies"))
+    assert base["status"] == "measured" and base["timing"] == "synthetic", base
+    assert [lv["concurrency"] for lv in base["levels"]] == [1, 2]
+    assert small["status"] == "skipped" and "predicts" in small["verdict"] and small["levels"] == []
+    assert small["saved_min"] and small["saved_min"] * 60 == pytest.approx(base["deploy_s"], abs=0.6)
+    assert doc["minutes_saved_by_preflight"] == small["saved_min"]
+    # Died while the client ran: recorded as such, with the cause the decode's journal shows.
+    assert dies["status"] == "failed-under-load", dies
+    assert dies["failure"].startswith("lab2/dec: ") and "illegal memory access" in dies["failure"], dies
+    assert any(lv["failed_under_load"] for lv in dies["levels"]), dies["levels"]
+    assert doc["best"]["variant"] == "base" and doc["best"]["timing"] == "synthetic"
+    text = gd("experiment.show", "--file", str(exp)).stdout
+    assert "synthetic" in text and "dies: FAILED-UNDER-LOAD: lab2/dec" in text, text
+    assert "too-small: SKIPPED: memory preflight predicts" in text, text
+    for unit in ("gpudeploy-sexp.pre.service", "gpudeploy-sexp.dec.service", "gpudeploy-sexp.rt.service"):
+        assert unit_active(lab, "lab2", unit) != "active", unit
+
+
+def rows(db: Path) -> tuple[dict[str, str], dict[tuple[str, int], float]]:
+    if not db.exists():
+        return {}, {}
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
+    try:
+        variants = {n: s for n, s in conn.execute("SELECT name, status FROM variants")}
+        runs = {(v, c): t for v, c, t in conn.execute("SELECT variant, concurrency, started FROM runs WHERE ok = 1")}
+    except sqlite3.OperationalError:  # the schema is being created
+        return {}, {}
+    finally:
+        conn.close()
+    return variants, runs
+
+
+def test_resume_after_ctrl_c_reruns_nothing_finished(deployments: Deployments, lab: Lab, tmp_path: Path) -> None:
+    inv = deployments.inventory("rexp", pd_roles(), host="lab2")
+    exp = write_experiment(tmp_path, inv, {"first": {}, "second": {"dec": {"settings": {"max_running_requests": 64}}}},
+                           concurrency=[1, 2, 4])
+    db = tmp_path / "results" / "experiment.sqlite"
+    env = {**os.environ, "GPUDEPLOY_CALIBRATION": str(CALIBRATION), "GPUDEPLOY_FLAGS_CACHE": str(FLAGS_CACHE)}
+    proc = subprocess.Popen([sys.executable, "-m", "invoke", "--search-root", str(REPO), "experiment", "--file",
+                             str(exp)], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        # Ctrl-C once the second variant has a finished level and is running the next one.
+        wait_for(lambda: (lambda v, r: v.get("second") == "running" and ("second", 1) in r)(*rows(db)), 400,
+                 "the second variant's first level")
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    print(out[-4000:])
+    assert proc.returncode == 130, out
+    assert "interrupted during the benchmark of variant second" in out or "interrupted" in out, out
+    assert "still running:" in out and "--deployment rexp" in out, out
+    variants, before = rows(db)
+    assert variants == {"first": "measured", "second": "interrupted"}, variants
+    assert ("first", 4) in before and ("second", 1) in before
+
+    res = experiment("--file", str(exp), "--resume")
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out
+    assert "== first: already measured; not re-run (--resume)" in out, out
+    variants, after = rows(db)
+    assert variants == {"first": "measured", "second": "measured"}, variants
+    # Nothing that finished ran again: same rows, same start times; the rest of the ladder was added.
+    assert {k: v for k, v in after.items() if k in before} == before
+    assert {("second", 2), ("second", 4)} <= set(after)
+    assert "--deployment rexp" not in out
