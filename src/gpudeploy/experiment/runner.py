@@ -313,7 +313,7 @@ def _dead_unit(plan: Plan) -> Death | None:
         for s in res:
             if s.deployment != plan.units[0].deployment or not s.deployed:
                 continue
-            if not s.state.startswith("active"):
+            if s.state.split("/")[0] in ("failed", "inactive", "deactivating"):
                 cause = s.last_failure or f"the unit is {s.state}"
                 return Death(f"{host}/{s.role}", cause + (f" (next: {s.next_step})" if s.next_step else ""))
     return None
