@@ -13,23 +13,51 @@ Use ``invoke lab.up|lab.down|lab.status`` or ``python -m gpudeploy_lab up|down|s
 This package imports only the standard library (tasks.py adds invoke).
 """
 
-from gpudeploy_lab.config import KNOWN_HOSTS, SSH_KEY, Host, lab_hosts
-from gpudeploy_lab.control import (
-    NO_SYSTEMD,
-    HostStatus,
-    clear_sglang_release,
-    down,
-    leftovers,
-    precondition_problem,
-    remove_nvml,
-    restore_nvml,
-    set_sglang_release,
-    status,
-    up,
-)
-from gpudeploy_lab.sshclient import ssh, ssh_argv
-from gpudeploy_lab.system import LabError
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gpudeploy_lab.config import KNOWN_HOSTS, SSH_KEY, Host, lab_hosts
+    from gpudeploy_lab.control import (
+        NO_SYSTEMD,
+        HostStatus,
+        clear_sglang_release,
+        down,
+        leftovers,
+        precondition_problem,
+        remove_nvml,
+        restore_nvml,
+        set_sglang_release,
+        status,
+        up,
+    )
+    from gpudeploy_lab.sshclient import ssh, ssh_argv
+    from gpudeploy_lab.system import LabError
 
 __all__ = ["KNOWN_HOSTS", "NO_SYSTEMD", "SSH_KEY", "Host", "HostStatus", "LabError", "clear_sglang_release", "down",
            "lab_hosts", "leftovers", "precondition_problem", "remove_nvml", "restore_nvml", "set_sglang_release",
            "ssh", "ssh_argv", "status", "up"]
+
+# Imported when first used: every stand-in process on a lab host (engine, worker, router, the fake
+# NVML that each host probe imports) runs ``gpudeploy_lab.standin``, and importing the lab's own
+# control code there cost each of them ~20 ms of the hosts' shared CPU.
+_HOME = {"KNOWN_HOSTS": "config", "SSH_KEY": "config", "Host": "config", "lab_hosts": "config",
+         "ssh": "sshclient", "ssh_argv": "sshclient", "LabError": "system",
+         **{name: "control" for name in ("NO_SYSTEMD", "HostStatus", "clear_sglang_release", "down", "leftovers",
+                                         "precondition_problem", "remove_nvml", "restore_nvml", "set_sglang_release",
+                                         "status", "up")}}
+_MODULES = ("aptsources", "config", "control", "engine", "gpu_standin", "host", "rootfs", "sshclient", "standin",
+            "system", "tasks")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _HOME:
+        value = getattr(importlib.import_module(f"gpudeploy_lab.{_HOME[name]}"), name)
+    elif name in _MODULES:
+        value = importlib.import_module(f"gpudeploy_lab.{name}")
+    else:
+        raise AttributeError(f"module 'gpudeploy_lab' has no attribute {name!r}")
+    globals()[name] = value
+    return value

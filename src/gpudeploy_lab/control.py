@@ -8,11 +8,14 @@ import json
 import os
 import shutil
 import socket
+import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from gpudeploy import flagspec
 from gpudeploy_lab import config, host, rootfs
@@ -27,10 +30,13 @@ from gpudeploy_lab.system import (
     mounts_under,
     netns_names,
     pss_kib,
+    raise_sysctl,
     remove_cgroup_tree,
     run,
     write_file,
 )
+
+T = TypeVar("T")
 
 # executable -> Debian package that provides it (the rootfs is cached as a directory: no zstd needed)
 TOOLS = {"systemd-nspawn": "systemd-container", "mmdebstrap": "mmdebstrap", "ip": "iproute2",
@@ -162,8 +168,10 @@ def _host_pss(h: Host) -> int:
 
 
 def status() -> list[HostStatus]:
-    """Every lab host this machine knows of, up or leftover."""
-    return [probe(h) for h in traced_hosts()]
+    """Every lab host this machine knows of, up or leftover (probed in parallel)."""
+    hosts = traced_hosts()
+    found = _each(hosts, probe, workers=16)
+    return [found[h] for h in hosts]
 
 
 def running_hosts() -> list[Host]:
@@ -226,20 +234,67 @@ def up(count: int = 3, repo: Path | None = None, timeout: float = 120,
         _sweep([h for h in traced_hosts() if h not in keep])
         new = [h for h in wanted if h not in keep]
         every = sorted(set(keep) | set(wanted), key=lambda h: h.index)
+        _raise_kernel_limits(len(every))
         host.ensure_bridge()
-        for h in new:
-            host.prepare(h, base, authorized_key)
+        _each(new, lambda h: host.prepare(h, base, authorized_key), workers=PREPARE_WORKERS)
         _write_names(every)  # keeps the private links among kept hosts in /etc/hosts and known_hosts
-        for h in new:
-            host.start(h, repo or repo_root(), systemd=h not in bare)
-        print(f"lab: {len(new)} host(s) booting, {len(keep)} already up"
-              + (f" ({', '.join(h.name for h in new if h in bare)} without systemd)" if bare & set(new) else ""),
-              flush=True)
-        statuses = [_wait_ready(h, started + timeout) for h in every]
-        print(f"lab: {len(every)} host(s) ready in {time.monotonic() - started:.1f} s", flush=True)
+        _say(f"lab: {len(new)} host(s) booting, {len(keep)} already up"
+             + (f" ({', '.join(h.name for h in new if h in bare)} without systemd)" if bare & set(new) else "")
+             + (f", at most {config.BOOT_WINDOW} at once" if len(new) > config.BOOT_WINDOW else ""))
+        source = repo or repo_root()
+
+        def boot(h: Host) -> HostStatus:
+            host.start(h, source, systemd=h not in bare)
+            return _wait_ready(h, time.monotonic() + timeout)  # each host's own boot has ``timeout``
+
+        ready = _each(new, boot, workers=config.BOOT_WINDOW)
+        ready.update(_each([h for h in every if h in keep], lambda h: _wait_ready(h, started + timeout),
+                           workers=16))
+        statuses = [ready[h] for h in every]
+        _say(f"lab: {len(every)} host(s) ready in {time.monotonic() - started:.1f} s")
         for lk in links:
             _connect(lk, every, max(10.0, started + timeout - time.monotonic()))
         return statuses
+
+
+PREPARE_WORKERS = 8  # hosts whose network, overlay and files are made at once (ip, mount, ssh-keygen)
+_say_lock = threading.Lock()
+
+
+def _say(line: str) -> None:
+    """One whole line on stdout, also from the threads that boot hosts."""
+    with _say_lock:
+        print(line, flush=True)
+
+
+def _each(hosts: Sequence[Host], fn: Callable[[Host], T], workers: int) -> dict[Host, T]:
+    """``fn(host)`` for every host, at most ``workers`` at once. The first error (in host order)
+    is raised once every call that had begun has ended; calls not begun yet are not made."""
+    if not hosts:
+        return {}
+    pool = ThreadPoolExecutor(max_workers=max(1, min(workers, len(hosts))), thread_name_prefix="lab")
+    futures: dict[Host, Future[T]] = {h: pool.submit(fn, h) for h in hosts}
+    try:
+        _done, pending = wait(futures.values(), return_when=FIRST_EXCEPTION)
+        if pending:  # one failed: start no more, let those under way finish
+            for f in pending:
+                f.cancel()
+    finally:
+        pool.shutdown(wait=True)
+    for f in futures.values():
+        error = None if f.cancelled() else f.exception()
+        if error is not None:
+            raise error
+    return {h: f.result() for h, f in futures.items()}
+
+
+def _raise_kernel_limits(hosts: int) -> None:
+    """inotify instances for ``hosts`` booting hosts (see config.INOTIFY_INSTANCES_PER_HOST)."""
+    name = "fs.inotify.max_user_instances"
+    want = 128 + config.INOTIFY_INSTANCES_PER_HOST * hosts
+    was = raise_sysctl(name, want)
+    if was is not None:
+        _say(f"lab: raised {name} from {was} to {want} for {hosts} host(s)")
 
 
 def _write_names(hosts: list[Host]) -> None:
@@ -408,23 +463,35 @@ def _connect(link: PrivateLink, running: list[Host], timeout: float) -> PrivateL
 
 
 def _wait_ready(h: Host, deadline: float) -> HostStatus:
-    """Poll until ``ssh root@IP true`` works, then wait for systemd to finish booting."""
+    """Poll until ``ssh root@IP true`` works, then wait for systemd to finish booting. While sshd
+    does not answer yet, a TCP connect polls (an ssh process per poll of 64 booting hosts would
+    take the CPUs they boot on)."""
     while True:
         if host.nspawn_pid(h) is None:
             raise LabError(f"{h.name}: systemd-nspawn exited during boot; see {h.log_file}:\n{_tail(h.log_file)}")
-        if ssh(h.address, "true", timeout=5).returncode == 0:
+        if _sshd_answers(h.address) and ssh(h.address, "true", timeout=5).returncode == 0:
             break
         if time.monotonic() > deadline:
             raise LabError(f"{h.name}: no ssh at {h.address} before the deadline; see {h.log_file}")
-        time.sleep(0.2)
+        time.sleep(0.1)
     st = probe(h, wait=True, timeout=max(1.0, deadline - time.monotonic()))
     with_systemd = host.boots_systemd(h) is not False
     if with_systemd and st.systemd not in ("running", "degraded"):
         raise LabError(f"{h.name}: systemd state {st.systemd!r} after boot; see {h.log_file}")
     if not with_systemd and st.systemd != NO_SYSTEMD:
         raise LabError(f"{h.name}: booted without systemd, but the host says {st.systemd!r}; see {h.log_file}")
-    print(st.line(), flush=True)
+    _say(st.line())
     return st
+
+
+def _sshd_answers(address: str) -> bool:
+    """sshd accepts a connection and sends its banner."""
+    try:
+        with socket.create_connection((address, 22), timeout=1) as conn:
+            conn.settimeout(2)
+            return conn.recv(4) == b"SSH-"
+    except OSError:
+        return False
 
 
 def _tail(path: Path, lines: int = 15) -> str:

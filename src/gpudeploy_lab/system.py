@@ -55,6 +55,23 @@ def write_file(path: Path, text: str, mode: int = 0o644) -> None:
     tmp.replace(path)
 
 
+def raise_sysctl(name: str, minimum: int, root: Path = Path("/proc/sys")) -> int | None:
+    """Raise the kernel setting ``name`` (e.g. ``fs.inotify.max_user_instances``) to ``minimum`` if it
+    is lower; never lower it. Returns the value it had when it was raised, else None."""
+    path = root.joinpath(*name.split("."))
+    try:
+        value = int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError) as exc:
+        raise LabError(f"cannot read {name} ({path}): {exc}") from exc
+    if value >= minimum:
+        return None
+    try:
+        path.write_text(f"{minimum}\n")
+    except OSError as exc:
+        raise LabError(f"cannot raise {name} from {value} to {minimum} ({path}): {exc}") from exc
+    return value
+
+
 # --- cgroups --------------------------------------------------------------------------------------
 
 def cgroup_populated(cgroup: Path) -> bool:
