@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,14 +75,18 @@ def secrets_for(plan: Plan) -> dict[str, str]:
     return values
 
 
-def calibrate(store: CalibrationStore, o: UnitOutcome) -> None:
-    """Keep what the engine measured, so the next plan prefers it over estimates."""
-    if o.gate is None or o.unit.role.engine != "sglang":
-        return
-    measured = parse_memory_log(o.gate.lines)
-    if measured.weights_gib is None and measured.oom_tried_gib is None and measured.failure is None:
-        return
-    store.put(o.unit.host.name, str(o.unit.role.model.get("path", o.unit.role.name)), o.unit.role.settings, measured)
+def calibrate(store: CalibrationStore, outcomes: Iterable[UnitOutcome]) -> None:
+    """Keep what the engines measured, so the next plan prefers it over estimates (one write)."""
+    runs = []
+    for o in outcomes:
+        if o.gate is None or o.unit.role.engine != "sglang":
+            continue
+        measured = parse_memory_log(o.gate.lines)
+        if measured.weights_gib is None and measured.oom_tried_gib is None and measured.failure is None:
+            continue
+        runs.append((o.unit.host.name, str(o.unit.role.model.get("path", o.unit.role.name)), o.unit.role.settings,
+                     measured))
+    store.put_many(runs)
 
 
 def desired_files(unit: Unit, secrets: dict[str, str], renderer: Renderer,
@@ -142,9 +147,14 @@ def start_and_gate(remote: Transport, supervisor: Supervisor, units: list[Unit],
         progress(u.key, f"{elapsed:6.1f}s  {phase}" + (f"  {detail}" if detail else ""), phase=phase,
                  fraction=fraction)
 
+    def on_done(u: Unit, gate: GateResult) -> None:
+        # Said when it happens: the report (and the exit) wait for the slowest unit of the fleet.
+        if not gate.ok and gate.cause is not None and gate.cause.kind != "interrupted":
+            say(f"[{host}/{u.role.name}] FAILED after {gate.elapsed_s:.1f} s ({gate.phase}): {gate.cause.summary}")
+
     try:
         gates = gate_runs(remote, supervisor, started, on_phase=on_phase, flag_name=_flag_name,
-                          timeout_s=opts.timeout_s, cancel=cancel, links=links)
+                          timeout_s=opts.timeout_s, cancel=cancel, links=links, on_done=on_done)
     except GpudeployError as exc:  # the watch could not even start (connection lost right then)
         gates = {u.name: GateResult(False, "starting", 0.0, Cause("connection-lost", str(exc)))
                  for u, _ in started}

@@ -130,8 +130,7 @@ def deploy(plan: Plan, opts: Options, store: CalibrationStore | None = None,
             say(f"-- {why}; left untouched: {', '.join(rest)}")
             break
     if store is not None:
-        for o in outcomes.values():
-            calibrate(store, o)
+        calibrate(store, outcomes.values())
     _collect(result, [u for u in all_units if not result.deployments[u.deployment].untouched], outcomes)
     return result
 

@@ -255,13 +255,24 @@ class CalibrationStore:
         return None if best is None else (best[1], best[2])
 
     def put(self, host: str, model: str, settings: Mapping[str, Any], measured: Measured) -> None:
+        self.put_many([(host, model, settings, measured)])
+
+    def put_many(self, runs: Iterable[tuple[str, str, Mapping[str, Any], Measured]]) -> None:
+        """Several runs' figures (host, model, settings, measured), in order, in one read and one
+        write of the file: a deploy of 64 hosts keeps 64 (one put each read and rewrote the whole
+        file 64 times, 0.3 s after the last server was ready)."""
+        runs = list(runs)
+        if not runs:
+            return
         data = self._load()
         seq = max((e.get("seq", 0) for e in data.values() if isinstance(e, dict)
-                   and isinstance(e.get("seq", 0), int)), default=0) + 1
-        data[calibration_key(host, model, settings)] = {
-            "host": host, "model": model, "settings": {k: settings[k] for k in sorted(settings)},
-            "measured": measured.to_json(), "seq": seq,
-        }
+                   and isinstance(e.get("seq", 0), int)), default=0)
+        for host, model, settings, measured in runs:
+            seq += 1
+            data[calibration_key(host, model, settings)] = {
+                "host": host, "model": model, "settings": {k: settings[k] for k in sorted(settings)},
+                "measured": measured.to_json(), "seq": seq,
+            }
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(self.path.suffix + ".tmp")
         tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")

@@ -44,6 +44,8 @@ PHASE_ORDER = ("starting", "loading weights", "allocating KV cache", "capturing 
 
 # (unit, phase, seconds since start, the engine's own progress or "", fraction done or None)
 OnPhase = Callable[[Unit, str, float, str, "float | None"], None]
+# (unit, its result): called as each unit's gate ends, while the others of the wave may still wait
+OnDone = Callable[[Unit, "GateResult"], None]
 
 
 @dataclass
@@ -122,10 +124,12 @@ class _Watch:
 
 def gate_runs(remote: Transport, supervisor: Supervisor, runs: list[tuple[Unit, Run]], *, on_phase: OnPhase,
               flag_name: Callable[[Unit], FlagName], timeout_s: float | None = None,
-              cancel: Cancel | None = None, links: GroupLinks | None = None) -> dict[str, GateResult]:
+              cancel: Cancel | None = None, links: GroupLinks | None = None,
+              on_done: OnDone | None = None) -> dict[str, GateResult]:
     """Gate every run of ``runs`` (all on ``remote``'s host) at once; unit name -> result.
 
-    ``links`` joins the gates of a multi-node group's ranks on other hosts to these."""
+    ``links`` joins the gates of a multi-node group's ranks on other hosts to these; ``on_done`` hears
+    each unit's result as soon as it is known (a death is said then, not when the slowest is ready)."""
     watches = {u.name: _Watch(u, r, on_phase, links) for u, r in runs}
     for w in watches.values():
         if cancel is not None:
@@ -143,6 +147,8 @@ def gate_runs(remote: Transport, supervisor: Supervisor, runs: list[tuple[Unit, 
                 "`invoke status` shows the unit's state; please report this error"), w.lines)
         if links is not None and not results[w.unit.name].ok:
             links.failed(w.unit)  # its gate gave up: the other ranks' gates need not wait
+        if on_done is not None:
+            on_done(w.unit, results[w.unit.name])
 
     with supervisor.watch(remote, [r for _, r in runs], dict(watches)):
         threads = [threading.Thread(target=one, args=(w,), daemon=True) for w in watches.values()]
