@@ -21,6 +21,7 @@ broke; :class:`~gpudeploy.errors.RemoteError` when a command failed (and ``check
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -83,3 +84,8 @@ class Transport(Protocol):
     def put(self, path: str, data: bytes, mode: int) -> None: ...
 
     def open_tcp(self, address: str, port: int, timeout: float) -> Socket: ...
+
+
+def command_line(argv: list[str]) -> str:
+    """argv as one remote shell command line, every word quoted."""
+    return " ".join(shlex.quote(a) for a in argv)

@@ -4,7 +4,7 @@
 0.1-0.15 s plus paramiko's import; OpenSSH's ControlMaster/ControlPersist (what Ansible uses too)
 lets the second and later runs reuse one connection per host for a while, so a probe costs one
 round trip. Host keys are checked by the same rule and the same files as the paramiko transport
-(``remote.trust``); ``~/.ssh/config`` is honoured by OpenSSH itself.
+(``remote.knownhosts``, the files of ``remote.trust``'s rule); ``~/.ssh/config`` is honoured by OpenSSH itself.
 """
 
 from __future__ import annotations
@@ -17,9 +17,8 @@ from pathlib import Path
 
 from ..errors import HostUnreachable, RemoteError
 from ..model import Host, SshConfig
-from . import trust
-from .base import Result
-from .ssh import command_line
+from . import knownhosts
+from .base import Result, command_line
 
 PERSIST_S = 120
 CONTROL_DIR = Path(os.environ.get("GPUDEPLOY_SSH_CONTROL_DIR", Path.home() / ".cache" / "gpudeploy" / "ssh"))
@@ -31,7 +30,7 @@ def available() -> bool:
 
 def _hop_options(ssh: SshConfig) -> list[str]:
     """How to reach one hop: login, port, key, timeout and the one trust rule."""
-    opts = ["-o", "BatchMode=yes", *trust.openssh_options(ssh),
+    opts = ["-o", "BatchMode=yes", *knownhosts.openssh_options(ssh),
             "-o", f"ConnectTimeout={max(1, round(ssh.connect_timeout_s))}"]
     if ssh.port is not None:
         opts += ["-p", str(ssh.port)]

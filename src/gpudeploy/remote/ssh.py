@@ -10,7 +10,6 @@ IdentityFile, ProxyJump); what the inventory sets explicitly wins.
 from __future__ import annotations
 
 import logging
-import shlex
 import time
 from typing import Any
 
@@ -20,18 +19,13 @@ import paramiko
 from ..errors import HostUnreachable, RemoteError
 from ..model import Host, SshConfig
 from . import trust
-from .base import Result
+from .base import Result, command_line
 
 # paramiko logs each refused direct-tcpip channel (a health poll before the port is up) as an
 # error; with no handler Python prints those to stderr. The transport reports failures itself.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 READ_SLICE_S = 0.05  # how long one read waits for stdout before it looks at stderr again
-
-
-def command_line(argv: list[str]) -> str:
-    """argv as one remote shell command line, every word quoted."""
-    return " ".join(shlex.quote(a) for a in argv)
 
 
 def connection(address: str, ssh: SshConfig) -> fabric.Connection:

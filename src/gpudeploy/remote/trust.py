@@ -14,7 +14,6 @@ known keys of that type all differ from the one it presents is refused as a chan
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,26 +21,10 @@ from typing import Any
 
 import paramiko
 
-from ..model import SshConfig
+from .knownhosts import SYSTEM_FILES, USER_FILES, all_files, key_name, openssh_options, user_files
 
-USER_FILES = ("~/.ssh/known_hosts", "~/.ssh/known_hosts2")
-SYSTEM_FILES = ("/etc/ssh/ssh_known_hosts", "/etc/ssh/ssh_known_hosts2")
-
-
-def user_files(ssh: SshConfig) -> list[str]:
-    """The per-user files, the inventory's first, with ``~`` expanded."""
-    files = [ssh.known_hosts] if ssh.known_hosts else []
-    return files + [os.path.expanduser(f) for f in USER_FILES]
-
-
-def all_files(ssh: SshConfig) -> list[str]:
-    return user_files(ssh) + list(SYSTEM_FILES)
-
-
-def key_name(hostname: str, port: int | None) -> str:
-    """How known_hosts names a host: ``[host]:port`` unless the port is 22 (as OpenSSH and paramiko do)."""
-    return hostname if port in (None, 22) else f"[{hostname}]:{port}"
-
+__all__ = ["SYSTEM_FILES", "USER_FILES", "KnownHostsPolicy", "UntrustedHostKey", "Verdict", "all_files", "check",
+           "key_name", "openssh_options", "preferred_key_types", "transport_factory", "user_files"]
 
 @dataclass(frozen=True)
 class Verdict:
@@ -118,15 +101,3 @@ def transport_factory(preferred: Sequence[str]) -> Callable[..., paramiko.Transp
         return t
 
     return make
-
-
-def openssh_options(ssh: SshConfig) -> list[str]:
-    """The same trust for the OpenSSH client: these files only, unknown and changed keys refused."""
-    return ["-o", "StrictHostKeyChecking=yes", "-o", "CheckHostIP=no",
-            "-o", "UserKnownHostsFile=" + " ".join(_quote(f) for f in user_files(ssh)),
-            "-o", "GlobalKnownHostsFile=" + " ".join(_quote(f) for f in SYSTEM_FILES)]
-
-
-def _quote(path: str) -> str:
-    # ssh_config values are split on whitespace; double quotes keep a path with spaces whole.
-    return f'"{path}"' if any(c.isspace() for c in path) else path
