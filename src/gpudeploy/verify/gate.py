@@ -39,6 +39,10 @@ def health_wait(interval_s: float) -> tenacity.wait.wait_base:
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 JOURNAL_CATCH_UP_S = 0.3  # after a death, how long the stream may lag behind the unit's state
 FATAL_GRACE_S = 0.4  # after a fatal line, collect the lines that explain it (e.g. "Possible solutions")
+# A rank stopped because another rank of its group failed may be dying of its own cause at the same
+# moment: when rank 1 runs out of memory, rank 0 sees its link close and its death can reach us
+# first. Listen this long for this rank's own death before calling it a consequence.
+GROUP_GRACE_S = 3.0
 PHASE_ORDER = ("starting", "loading weights", "allocating KV cache", "capturing CUDA graphs",
                "starting HTTP server", "warmup", "ready")
 
@@ -75,6 +79,7 @@ class _Watch:
         self.exit_words: str | None = None  # the supervisor's words about the main process exit
         self.lost_reason: str | None = None  # the connection broke while we watched
         self.log_saw_exit = threading.Event()  # the log stream delivered the exit message
+        self.ended = threading.Event()  # the run's main process exited (by the log or the state poll)
         self.closed = False
         self.died_at: float | None = None
         self.lock = threading.Lock()
@@ -113,6 +118,7 @@ class _Watch:
                 self.died_at = time.monotonic()
         if from_log:
             self.log_saw_exit.set()  # everything the process wrote came before this
+        self.ended.set()
         self.stop.set()
         if self.links is not None:
             self.links.failed(self.unit)  # a rank that dies fails its whole group
@@ -171,6 +177,8 @@ def _gate_one(remote: Transport, supervisor: Supervisor, watch: _Watch, flag_nam
         if watch.exit_words is not None or watch.fatal_at is not None or watch.links.failure_of(unit):
             ready_at = None
     watch.stop.set()
+    if ready_at is None:
+        _hear_own_death(watch, cancel)
     # Without a fatal line yet, the last lines decide the cause: let the stream catch up.
     if (ready_at is None and watch.died_at is not None and watch.fatal_at is None
             and not watch.log_saw_exit.wait(JOURNAL_CATCH_UP_S)):
@@ -213,6 +221,21 @@ def _gate_one(remote: Transport, supervisor: Supervisor, watch: _Watch, flag_nam
                   "raise health.timeout_s in the role if the model is just slow to load; otherwise the "
                   "server hangs in that phase: `invoke logs` shows the whole run")
     return GateResult(False, watch.phase, elapsed, cause, watch.lines)
+
+
+def _hear_own_death(watch: _Watch, cancel: Cancel | None) -> None:
+    """A rank whose gate was stopped by its group's failure waits a moment for its own death."""
+    links, unit = watch.links, watch.unit
+    first = links.failure_of(unit) if links is not None else None
+    if first is None or first == unit.key or watch.exit_words is not None:
+        return
+    deadline = time.monotonic() + GROUP_GRACE_S
+    while not watch.ended.wait(0.05):
+        if cancel is not None and cancel.is_set():
+            return
+        now = time.monotonic()
+        if now >= deadline or (watch.fatal_at is not None and now - watch.fatal_at >= FATAL_GRACE_S):
+            return
 
 
 def _exit_words(msg: str) -> str:
