@@ -52,7 +52,7 @@ def summary(store: Store) -> dict[str, Any]:
             "benchmark": meta.get("benchmark"), "slo": slo, "store": str(store.path),
             "best": {"variant": best["name"], "concurrency": best["best_concurrency"],
                      "output_tok_s_per_gpu": best["score_tok_s_per_gpu"], "timing": best["timing"]} if best else None,
-            "minutes_saved_by_preflight": round(saved, 2),
+            "minutes_saved_by_preflight": round(saved, 3),  # as each variant's saved_min
             "synthetic_note": SYNTHETIC if any(v["synthetic"] for v in variants) else None,
             "variants": variants}
 
