@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from gpudeploy.experiment import bench, choose
 from gpudeploy.experiment.plot import plot
 from gpudeploy.experiment.show import summary, table
@@ -117,3 +119,20 @@ def test_store_show_and_plot(tmp_path: Path) -> None:
     assert "* best under the SLO: b at concurrency 8" in text and "c: SKIPPED: memory preflight" in text
     png = plot(doc, tmp_path / "plot.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_figures_of_sglangs_real_bench_serving_line() -> None:
+    # Written by SGLang 0.5.23's own `python -m sglang.bench_serving --backend sglang --dataset-name
+    # random-ids --random-input-len 32 --random-output-len 32 --random-range-ratio 1 --num-prompts 8
+    # --max-concurrency 2` (against a test server: server_info says fake), so the names are the real ones.
+    text = (Path(__file__).parent / "data" / "sglang-0.5.23-bench_serving.jsonl").read_text()
+    s = bench.figures("sglang", bench.parse_result("sglang", text), prompts=8, concurrency=2, gpus=4)
+    assert (s["completed"], s["failed"]) == (8, 0)
+    assert s["output_tok_s"] == pytest.approx(869.30, abs=0.01)
+    assert s["output_tok_s_per_gpu"] == pytest.approx(217.33, abs=0.01)
+    assert s["total_tok_s"] == pytest.approx(1738.60, abs=0.01)
+    assert s["p99_ttft_ms"] == pytest.approx(4.535, abs=0.001)
+    assert s["median_tpot_ms"] == pytest.approx(2.168, abs=0.001)
+    assert s["median_e2el_ms"] == pytest.approx(71.07, abs=0.01)    # its e2e_latency names
+    assert s["output_tok_s_per_user"] == pytest.approx(32 / 0.07107, rel=1e-3)
+    assert s["accept_length"] is None                                 # not speculative
