@@ -26,6 +26,12 @@ tears down what a TP group of SGLang really looks like to the driver:
       [2026-12-01 10:00:01] The server is fired up and ready to roll!
 
   The launcher's own lines carry no rank tag (SGLang's HTTP process logs without one).
+- The ranks form a real NCCL group before loading (as SGLang's "Init torch distributed"): rank r joins
+  ``torch.distributed`` over TCP on 127.0.0.1:``--dist-port`` (the launcher picks a free one) with
+  the NCCL backend and runs an all-reduce of 4 MiB; every rank checks the sum and logs
+  ``NCCL all-reduce of N ranks: 4.00 MiB in X ms, sum ok``. NVLink multicast stays off
+  (NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1 are set for it):
+  a group that uses it can put a shared host's GPUs out of service.
 - ``--fault oom``: rank 0 asks for more than its GPU has (the GPU's total plus the weights), so torch
   raises its own ``torch.OutOfMemoryError: CUDA out of memory. Tried to allocate ... GiB. GPU 0 has a
   total capacity of ...``; the rank logs it as SGLang's scheduler does (``Scheduler hit an exception:
@@ -52,6 +58,7 @@ import importlib
 import os
 import queue
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -66,6 +73,7 @@ from gpudeploy_lab.standin.common import GIB, MIB, emit, raw
 MODEL_CLASS = "GpuStandinForCausalLM"
 DRY_TOTAL_GIB = 139.80  # torch's "total capacity" of an H200 (h200-nvml-probe.md)
 DRY_CONTEXT_BYTES = 518 * MIB  # "this process has 518.00 MiB memory in use" before any tensor there
+NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 SIGQUIT_LINE = "Received sigquit from a child process. It usually means the child failed."
 
 
@@ -85,6 +93,13 @@ def format_size(n: float) -> str:
     if n <= 1073741824:
         return f"{n / 1048576:.2f} MiB"
     return f"{n / 1073741824:.2f} GiB"
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now, for the ranks' rendezvous (rank 0 listens on it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def gb(n: float) -> str:
@@ -111,6 +126,28 @@ class TorchDevice:
     def uuid(self) -> str:
         text = str(self.torch.cuda.get_device_properties(self.index).uuid)
         return text if text.startswith(("GPU-", "MIG-")) else "GPU-" + text
+
+    def all_reduce(self, rank: int, world: int, port: int) -> tuple[int, float]:
+        """Join the group's NCCL communicator and all-reduce 4 MiB: (bytes, milliseconds); the sum is checked."""
+        for name, value in NO_MULTICAST.items():
+            os.environ[name] = value
+        dist = importlib.import_module("torch.distributed")
+        dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                                device_id=self.device)
+        n = 1 << 20  # float32: 4 MiB
+        warm = self.torch.ones(n, dtype=self.torch.float32, device=self.device)
+        dist.all_reduce(warm)  # the first call sets up the communicator's channels
+        t = self.torch.full((n,), float(rank + 1), dtype=self.torch.float32, device=self.device)
+        self.torch.cuda.synchronize(self.index)
+        t0 = time.perf_counter()
+        dist.all_reduce(t)
+        self.torch.cuda.synchronize(self.index)
+        ms = (time.perf_counter() - t0) * 1000
+        want = world * (world + 1) / 2
+        got_min, got_max = float(t.min().item()), float(t.max().item())
+        if got_min != want or got_max != want or float(warm[0].item()) != world:
+            raise RuntimeError(f"NCCL all-reduce gave {got_min}..{got_max}, expected {want} on every element")
+        return n * 4, ms
 
     def allocate(self, nbytes: int) -> None:
         tensor = self.torch.empty(nbytes, dtype=self.torch.uint8, device=self.device)
@@ -185,6 +222,14 @@ def worker(args: argparse.Namespace) -> int:
         uuid = dev.uuid()
         status(f"uuid {uuid}")
         emit(f"GPU UUID of rank {rank}: {uuid}", tag)
+        emit("Init torch distributed begin.", tag)
+        if isinstance(dev, TorchDevice):
+            nbytes, ms = dev.all_reduce(rank, args.tp, args.dist_port)
+            emit(f"NCCL all-reduce of {args.tp} ranks: {nbytes / MIB:.2f} MiB in {ms:.2f} ms, sum ok", tag)
+            status(f"nccl {ms:.3f}")
+        else:
+            emit(f"NCCL all-reduce of {args.tp} ranks: skipped (--dry-run)", tag)
+        emit("Init torch distributed ends. mem usage=0.00 GB", tag)
         total_bytes = int(args.gib * GIB)
         weights = int(total_bytes * args.weights_share)
         kv = total_bytes - weights
@@ -229,6 +274,7 @@ class Rank:
         self.errored = False
         self.uuid = ""
         self.used = 0
+        self.nccl_ms: float | None = None
         self.eof = threading.Event()
         threading.Thread(target=self._read, args=(status_r, events), daemon=True).start()
 
@@ -240,6 +286,8 @@ class Rank:
                     self.errored = True
                 elif msg.startswith("uuid "):
                     self.uuid = msg.split(" ", 1)[1]
+                elif msg.startswith("nccl "):
+                    self.nccl_ms = float(msg.split(" ", 1)[1])
                 elif msg.startswith("ready "):
                     self.used = int(msg.split(" ", 1)[1])
                 events.put((self.rank, msg))
@@ -263,7 +311,8 @@ class State:
     def info(self) -> dict[str, Any]:
         return {"version": "gpu-standin", "status": self.phase, "tp_size": self.args.tp, "gib": self.args.gib,
                 "dry_run": bool(self.args.dry_run), "model_path": self.args.model_path, "pid": os.getpid(),
-                "ranks": [{"rank": r.rank, "pid": r.proc.pid, "uuid": r.uuid, "gpu_bytes_used": r.used}
+                "ranks": [{"rank": r.rank, "pid": r.proc.pid, "uuid": r.uuid, "gpu_bytes_used": r.used,
+                           "nccl_all_reduce_ms": r.nccl_ms}
                           for r in self.ranks]}
 
 
@@ -305,7 +354,8 @@ class Launcher:
         passed = ["--gib", str(self.args.gib), "--weights-share", str(self.args.weights_share),
                   "--kv-bytes-per-token", str(self.args.kv_bytes_per_token), "--phase-s", str(self.args.phase_s),
                   "--context-len", str(self.args.context_len),
-                  "--dry-run-total-gib", str(self.args.dry_run_total_gib)]
+                  "--dry-run-total-gib", str(self.args.dry_run_total_gib), "--tp", str(self.args.tp),
+                  "--dist-port", str(free_port())]
         if self.args.fault:
             passed += ["--fault", self.args.fault]
         if self.args.dry_run:
@@ -426,6 +476,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--phase-s", type=float, default=0.2, help="pause between phases, seconds (0.2)")
     p.add_argument("--model-path", default="gpu-standin", help="the name it serves (no model is loaded)")
     p.add_argument("--worker-rank", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--dist-port", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--life-fd", type=int, help=argparse.SUPPRESS)
     p.add_argument("--status-fd", type=int, help=argparse.SUPPRESS)
     return p

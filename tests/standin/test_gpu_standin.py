@@ -19,6 +19,9 @@ STAMP = r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d TP{r}\] "
 NUM = r"\d+\.\d\d"
 RANK_LINES = [
     r"GPU UUID of rank {r}: GPU-[0-9a-f-]{{36}}$",
+    r"Init torch distributed begin\.$",
+    r"NCCL all-reduce of \d+ ranks: (.*)$",
+    r"Init torch distributed ends\. mem usage=0\.00 GB$",
     rf"Load weight begin\. avail mem=({NUM}) GB$",
     rf"Load weight end\. elapsed={NUM} s, type=GpuStandinForCausalLM, avail mem=({NUM}) GB, mem usage=({NUM}) GB\.$",
     rf"KV Cache is allocated\. #tokens: (\d+), K size: ({NUM}) GB, V size: ({NUM}) GB$",
@@ -109,12 +112,13 @@ def test_dry_run_tp2_lines_health_and_sigterm_to_the_group_ends_all(started: lis
     lines = s.lines
     for rank in (0, 1):
         v = rank_values(lines, rank)
-        before, after_w, usage = float(v[1][0]), float(v[2][0]), float(v[2][1])
+        assert v[2] == ("skipped (--dry-run)",)  # no torch: no NCCL group
+        before, after_w, usage = float(v[4][0]), float(v[5][0]), float(v[5][1])
         assert before == 139.29  # 139.80 GiB less the 518 MiB context, as torch shows an idle H200
         assert usage == 4.00 and round(before - after_w, 2) == usage  # 40% of 10 GiB as weights
-        tokens, k, vv = int(v[3][0]), float(v[3][1]), float(v[3][2])
+        tokens, k, vv = int(v[6][0]), float(v[6][1]), float(v[6][2])
         assert (k, vv) == (3.00, 3.00) and tokens == 6 * (1 << 30) // 131072
-        assert float(v[4][0]) == round(after_w - 6, 2)
+        assert float(v[7][0]) == round(after_w - 6, 2)
     ready = [i for i, ln in enumerate(lines) if READY.match(ln)]
     assert len(ready) == 1 and ready[0] == len(lines) - 1, "\n".join(lines)
     info = json.loads(http_get(s.port, "/server_info")[1])  # type: ignore[index]
@@ -190,8 +194,12 @@ def test_torch_path_against_a_torch_double(started: list[Standin], tmp_path: Pat
     s.wait_line("The server is fired up and ready to roll!")
     lines = s.lines
     assert "] GPU UUID of rank 1: GPU-6e92d042-f5db-2c0f-70df-fc4595ae0001" in "\n".join(lines)
+    for rank in (0, 1):  # both ranks joined one NCCL group; each checked the sum (1 + 2 on every element)
+        assert re.fullmatch(r"4\.00 MiB in \d+\.\d\d ms, sum ok", rank_values(lines, rank)[2][0]), lines
     v = rank_values(lines, 0)
-    assert float(v[2][1]) == 0.80  # mem usage measured from mem_get_info before and after
+    assert float(v[5][1]) == 0.80  # mem usage measured from mem_get_info before and after
+    info = json.loads(http_get(s.port, "/server_info")[1])  # type: ignore[index]
+    assert all(isinstance(r["nccl_all_reduce_ms"], float) for r in info["ranks"]), info
     s.popen.send_signal(signal.SIGTERM)
     assert s.popen.wait(10) == 0
     # a rank without a device fails as torch fails (invalid device ordinal), the launcher exits 1

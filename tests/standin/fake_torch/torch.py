@@ -5,11 +5,20 @@ The same names and shapes as torch 2.x: ``torch.cuda.set_device`` (invalid ordin
 without "GPU-", like torch's _CUuuid), ``torch.empty(n, dtype=torch.uint8, device=torch.device("cuda", i))``,
 ``Tensor.zero_()``, ``torch.cuda.synchronize(i)`` and ``torch.OutOfMemoryError`` with torch's wording.
 FAKE_TORCH_GPUS (default 1) devices of 139.80 GiB; this process holds 518 MiB once it touched one.
+
+``torch.distributed``: ``init_process_group("nccl", init_method="tcp://H:P", rank, world_size,
+device_id)`` (refused unless NVLink multicast is off, as the device requires) and ``all_reduce(t)``,
+which really sums over the group's processes: each rank writes its tensor's value to a file in a
+folder named by the rendezvous port and waits for the others' (``torch.full``/``torch.ones`` of one
+value; ``min``/``max``/``item``/``[0]``).
 """
 
 from __future__ import annotations
 
 import os
+import sys
+import tempfile
+import time
 import types
 from typing import Any
 
@@ -44,12 +53,38 @@ def _touch(i: int) -> None:
     _used.setdefault(i, CONTEXT)
 
 
+float32 = "float32"
+
+
 class Tensor:
-    def __init__(self, n: int, i: int) -> None:
-        self.n, self.i = n, i
+    def __init__(self, n: int, i: int, value: float = 0.0) -> None:
+        self.n, self.i, self.value = n, i, value
 
     def zero_(self) -> Tensor:
+        self.value = 0.0
         return self
+
+    def min(self) -> Tensor:
+        return self
+
+    def max(self) -> Tensor:
+        return self
+
+    def item(self) -> float:
+        return self.value
+
+    def __getitem__(self, k: int) -> Tensor:
+        return self
+
+
+def full(shape: tuple[int, ...], value: float, dtype: Any = None, device: device | None = None) -> Tensor:
+    t = empty(shape[0] * 4, device=device)
+    t.value = float(value)
+    return t
+
+
+def ones(n: int, dtype: Any = None, device: device | None = None) -> Tensor:
+    return full((n,), 1.0, device=device)
 
 
 def _size(n: float) -> str:
@@ -96,3 +131,46 @@ cuda = types.SimpleNamespace(
     is_available=lambda: True,
     device_count=_count,
 )
+
+
+_group: dict[str, Any] = {}
+
+
+def _init_process_group(backend: str, init_method: str, rank: int, world_size: int, device_id: Any = None) -> None:
+    off = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+    if any(os.environ.get(k) != v for k, v in off.items()):
+        raise RuntimeError("fake torch: NVLink multicast must be off (" + ", ".join(f"{k}={v}" for k, v in off.items())
+                           + ")")
+    port = init_method.rsplit(":", 1)[1]
+    _group.update(backend=backend, rank=rank, world=world_size, calls=0,
+                  folder=os.path.join(tempfile.gettempdir(), f"fake-torch-dist-{os.getppid()}-{port}"))
+
+
+def _all_reduce(t: Tensor) -> None:
+    g = _group
+    call = os.path.join(g["folder"], str(g["calls"]))
+    g["calls"] += 1
+    os.makedirs(call, exist_ok=True)
+    tmp = os.path.join(call, f".{g['rank']}")
+    with open(tmp, "w") as f:
+        f.write(repr(t.value))
+    os.replace(tmp, os.path.join(call, str(g["rank"])))
+    deadline = time.monotonic() + 20
+    while True:
+        names = [n for n in os.listdir(call) if not n.startswith(".")]
+        if len(names) >= g["world"]:
+            break
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"fake torch: all_reduce waited 20 s for {g['world']} ranks, saw {len(names)}")
+        time.sleep(0.01)
+    total = 0.0
+    for n in names:
+        with open(os.path.join(call, n)) as f:
+            total += float(f.read())
+    t.value = total
+
+
+distributed = types.ModuleType("torch.distributed")
+distributed.init_process_group = _init_process_group  # type: ignore[attr-defined]
+distributed.all_reduce = _all_reduce  # type: ignore[attr-defined]
+sys.modules["torch.distributed"] = distributed
