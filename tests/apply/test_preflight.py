@@ -19,10 +19,10 @@ def _facts(listening: dict[str, list[int]], procs: list[int]) -> dict[str, Any]:
             "units": {unit.name: {"procs": [{"pid": p} for p in procs], "props": {}}}}
 
 
-def _check(facts: dict[str, Any]) -> list[str]:
+def _check(facts: dict[str, Any], force: bool = False) -> list[str]:
     plan = load_plan(str(REPO / "inventory" / "lab.yml"), host="lab1", role="prefill", memory=False)
     return problems(plan.inventory.hosts["lab1"], list(plan.units), facts, SYSTEMD.states(facts), SYSTEMD,
-                    force=False)
+                    force=force)
 
 
 def test_a_port_held_by_a_process_we_cannot_see_is_not_free() -> None:
@@ -36,3 +36,10 @@ def test_a_port_held_by_a_process_we_cannot_see_is_not_free() -> None:
 def test_a_port_held_by_the_unit_itself_is_fine_and_anyone_elses_is_not() -> None:
     assert _check(_facts({"30000": [41]}, procs=[41])) == []
     assert any("already in use by pid 99" in p for p in _check(_facts({"30000": [99]}, procs=[41])))
+
+
+def test_gpus_nvml_cannot_read_stop_the_deploy_unless_forced() -> None:
+    facts = {**_facts({}, procs=[]), "gpus": {"error": "NVML init failed: NVML Shared Library Not Found"}}
+    assert _check(facts) == ["cannot check the declared GPUs: NVML init failed: NVML Shared Library Not Found "
+                             "(--force deploys without the check)"]
+    assert _check(facts, force=True) == []

@@ -38,7 +38,10 @@ def problems(host: Host, units: list[Unit], facts: dict[str, Any], states: dict[
     gpus = facts.get("gpus") or {}
     wanted = sorted({g for u in units for g in u.gpus})
     if wanted and gpus.get("error"):
-        out.append(f"cannot check the declared GPUs: {gpus['error']}")
+        # Not a certainty that the engine cannot run (a container may lack the NVML library but
+        # not CUDA), so --force may go ahead; without it, GPUs nobody can see are not assumed.
+        if not force:
+            out.append(f"cannot check the declared GPUs: {gpus['error']} (--force deploys without the check)")
     elif wanted:
         out += layout_problems(host, gpus.get("devices", []), wanted)
     out += version_problems(host, engine_releases(host, units), facts.get("versions") or {})
