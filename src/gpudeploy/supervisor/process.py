@@ -20,6 +20,7 @@ from ..model import Unit
 from ..plan.build import unit_kind
 from ..plan.process_spec import spec_path, spec_text
 from ..remote.base import Stream, Transport
+from ..remote.jsonlines import json_lines
 from . import process_host
 from .base import Run, Sink, UnitState
 
@@ -85,30 +86,15 @@ class ProcessWatch:
     def _read(self) -> None:
         stream = self.stream
         assert stream is not None
-        stream.settimeout(0.2)
-        buf = b""
-        try:
-            while not self.done.is_set():
-                try:
-                    data = stream.recv(65536)
-                except TimeoutError:
-                    continue
-                if not data:
-                    return
-                buf += data
-                *complete, buf = buf.split(b"\n")
-                for raw in complete:
-                    try:
-                        event = json.loads(raw)
-                        sink = self.sinks[event["unit"]]
-                        if "line" in event:
-                            sink.line(str(event["line"]))
-                        elif "exit" in event:
-                            sink.exited(str(event["exit"]), from_log=True)
-                    except (ValueError, KeyError, TypeError) as exc:
-                        self.errors.append(f"{type(exc).__name__}: {exc}")
-        except OSError:
-            return
+        for event in json_lines(stream, self.done):
+            try:
+                sink = self.sinks[event["unit"]]
+                if "line" in event:
+                    sink.line(str(event["line"]))
+                elif "exit" in event:
+                    sink.exited(str(event["exit"]), from_log=True)
+            except (KeyError, TypeError) as exc:
+                self.errors.append(f"{type(exc).__name__}: {exc}")
 
     def _poll(self) -> None:
         while not self.done.wait(ALIVE_POLL_S):

@@ -9,7 +9,6 @@ by default, and a stream and a poll per unit ran out of them with 8 units on a h
 
 from __future__ import annotations
 
-import json
 import shlex
 import threading
 from collections.abc import Mapping
@@ -19,6 +18,7 @@ from ..errors import GpudeployError, RemoteError
 from ..model import Unit
 from ..plan.build import UNIT_DIR
 from ..remote.base import Stream, Transport
+from ..remote.jsonlines import json_lines
 from .base import Run, Sink, UnitState
 
 STATE_POLL_S = 0.2
@@ -160,31 +160,12 @@ class Watch:
             sink.exited(text, from_log=True)
 
     def _read(self) -> None:
-        buf = b""
-        chan = self.chan
-        chan.settimeout(0.2)
-        try:
-            while not self.done.is_set():
+        for entry in json_lines(self.chan, self.done):
+            if isinstance(entry, dict):
                 try:
-                    data = chan.recv(65536)
-                except TimeoutError:
-                    continue
-                if not data:
-                    return
-                buf += data
-                *complete, buf = buf.split(b"\n")
-                for raw in complete:
-                    try:
-                        entry = json.loads(raw)
-                    except ValueError:
-                        continue
-                    if isinstance(entry, dict):
-                        try:
-                            self._deliver(entry)
-                        except Exception as exc:  # a sink's bug must not end the stream for every run
-                            self.errors.append(f"{type(exc).__name__}: {exc}")
-        except OSError:
-            return
+                    self._deliver(entry)
+                except Exception as exc:  # a sink's bug must not end the stream for every run
+                    self.errors.append(f"{type(exc).__name__}: {exc}")
 
     def _poll(self) -> None:
         argv = ["systemctl", "show", "-p", STATE_PROPS, "--", *self.runs]
