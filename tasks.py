@@ -5,7 +5,7 @@
     invoke status   [--host H] [--role R] [--json]
     invoke teardown [--host H] [--role R] [--purge]
     invoke logs     --host H --role R [--follow]
-    invoke render   --target k8s [--out DIR] [--deployment D] [--image IMAGE]
+    invoke render   --target k8s [--out DIR] [--deployment D] [--image IMAGE] [--model-pvc NAME]
     invoke lab.up | lab.down | lab.status
 """
 
@@ -308,9 +308,11 @@ def facts(c, inventory=DEFAULT_INVENTORY, host=None, json_=False, forks=None):  
             "inventory": SELECT["inventory"], "deployment": "only this deployment",
             "out": "write <deployment>.yaml and NOTES.md into this directory (default: the YAML on stdout)",
             "image": "the engines' image (default: lmsysorg/sglang:v<the planned release>)",
-            "router_image": "the router's image (default: --image, else its engines' image)"})
+            "router_image": "the router's image (default: --image, else its engines' image)",
+            "model_pvc": "mount the model directory from this PersistentVolumeClaim (default: the node's path)"})
 @user_errors
-def render(c, target, inventory=DEFAULT_INVENTORY, deployment=None, out=None, image=None, router_image=None):  # type: ignore[no-untyped-def]
+def render(c, target, inventory=DEFAULT_INVENTORY, deployment=None, out=None, image=None, router_image=None,  # type: ignore[no-untyped-def]
+           model_pvc=None):
     """The inventory as Kubernetes manifests, validated offline; nothing is written unless all of them pass."""
     from pathlib import Path
 
@@ -320,7 +322,8 @@ def render(c, target, inventory=DEFAULT_INVENTORY, deployment=None, out=None, im
 
     if target != "k8s":
         raise Exit(f"gpudeploy: --target {target!r}: the one target so far is k8s", code=1)
-    r = render_k8s(inventory, Options(image=image, router_image=router_image), deployment=deployment)
+    r = render_k8s(inventory, Options(image=image, router_image=router_image, model_pvc=model_pvc),
+                   deployment=deployment)
     if not r.manifests:
         raise Exit(f"gpudeploy: nothing is placed in {inventory}; nothing was written", code=1)
     if out is None:

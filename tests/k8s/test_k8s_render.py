@@ -200,6 +200,22 @@ def test_model_directory_is_mounted_at_the_planned_path(tmp_path: Path) -> None:
     assert {"name": "model", "hostPath": {"path": MODEL["path"], "type": "Directory"}} in volumes
 
 
+def test_model_from_a_persistent_volume_claim(tmp_path: Path) -> None:
+    inv = pd_inventory(tmp_path)
+    r = render(inv, Options(model_pvc="models-ro"))
+    lws = by_kind(r.streams["t"], "LeaderWorkerSet")["t-prefill"]
+    c = container(lws)
+    assert {"name": "model", "mountPath": MODEL["path"], "readOnly": True} in c["volumeMounts"]
+    volumes = lws["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["volumes"]
+    assert {"name": "model", "persistentVolumeClaim": {"claimName": "models-ro", "readOnly": True}} in volumes
+    assert not any("hostPath" in v for v in volumes)
+    assert any("PersistentVolumeClaim models-ro" in n for n in r.notes["t"])
+    out = tmp_path / "out"
+    res = invoke("render", "--target", "k8s", "--inventory", inv, "--out", str(out), "--model-pvc", "Models_RO")
+    assert res.returncode == 1 and not out.exists() and "Traceback" not in res.stderr
+    assert "--model-pvc: 'Models_RO' is not a DNS-1123 subdomain" in res.stderr, res.stderr
+
+
 def test_cli_prints_the_yaml_without_out_and_refuses_other_targets(tmp_path: Path) -> None:
     res = invoke("render", "--target", "k8s", "--inventory", "inventory/lab.yml")
     assert res.returncode == 0, res.stderr

@@ -38,6 +38,7 @@ IB_SETTING = "disaggregation_ib_device"  # the role declares InfiniBand devices:
 class Options:
     image: str | None = None  # every engine's image; default lmsysorg/sglang:v<planned release>
     router_image: str | None = None  # default: --image, else the image of the engines it fronts
+    model_pvc: str | None = None  # the model directory from this PersistentVolumeClaim, not the node's disk
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,8 @@ def build(plan: Plan, options: Options) -> dict[str, list[Manifest]]:
     """deployment -> its manifests. Raises InputError with every problem found."""
     problems: list[Problem] = []
     out: dict[str, list[Manifest]] = {}
+    if options.model_pvc is not None and (why := names.subdomain_problem(options.model_pvc)):
+        raise InputError([Problem(f"--model-pvc: {why}", key="--model-pvc")])
     for dep, sets in role_sets(plan).items():
         urls, images = _upstreams(sets, options)
         manifests: list[Manifest] = []
@@ -104,7 +107,7 @@ def build(plan: Plan, options: Options) -> dict[str, list[Manifest]]:
             before = len(problems)
             _name_problems(rs, problems)
             if rs.role.engine == "sglang":
-                made = _engine(rs, images[rs.role.name], problems)
+                made = _engine(rs, images[rs.role.name], options, problems)
             elif rs.role.engine == "sglang_router":
                 made = _router(rs, urls, images, options, problems)
             else:
@@ -148,7 +151,7 @@ def engine_image(rs: RoleSet, options: Options) -> str:
     return options.image or IMAGE.format(release=rs.leaders[0].engine_version)
 
 
-def _engine(rs: RoleSet, image: str, problems: list[Problem]) -> list[Manifest]:
+def _engine(rs: RoleSet, image: str, options: Options, problems: list[Problem]) -> list[Manifest]:
     role, dep, lead = rs.role, rs.deployment, rs.leaders[0]
     args = _same(rs, "args", {u.host.name: engine_args(u) for u in rs.units}, problems)
     env = _same(rs, "env", {u.host.name: _public_env(u) for u in rs.units}, problems)
@@ -182,7 +185,7 @@ def _engine(rs: RoleSet, image: str, problems: list[Problem]) -> list[Manifest]:
         container["volumeMounts"] = _mounts(role, rdma)
         if rdma:
             container["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
-        spec: dict[str, Any] = {"containers": [container], "volumes": _volumes(role, rdma),
+        spec: dict[str, Any] = {"containers": [container], "volumes": _volumes(role, rdma, options.model_pvc),
                                 "terminationGracePeriodSeconds": math.ceil(role.stop_timeout_s)}
         if rdma:
             spec["hostNetwork"] = True
@@ -320,10 +323,13 @@ def _mounts(role: Role, rdma: str | None) -> list[dict[str, Any]]:
     return mounts
 
 
-def _volumes(role: Role, rdma: str | None) -> list[dict[str, Any]]:
+def _volumes(role: Role, rdma: str | None, model_pvc: str | None) -> list[dict[str, Any]]:
     volumes: list[dict[str, Any]] = [{"name": "dshm", "emptyDir": {"medium": "Memory"}}]
     path = model_dir(role)
-    if path:
+    if path and model_pvc:
+        # Mounted at the planned path, so --model-path stays the one the plan rendered and checked.
+        volumes.append({"name": "model", "persistentVolumeClaim": {"claimName": model_pvc, "readOnly": True}})
+    elif path:
         volumes.append({"name": "model", "hostPath": {"path": path, "type": "Directory"}})
     if rdma:
         volumes.append({"name": "infiniband", "hostPath": {"path": "/dev/infiniband", "type": "Directory"}})

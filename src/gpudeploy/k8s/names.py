@@ -11,6 +11,7 @@ import re
 
 # Service names are DNS-1035 labels; the other kinds accept them too.
 DNS_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
 MAX_NAME = 63
 # A StatefulSet's pods carry ``controller-revision-hash: <statefulset>-<hash of up to 10>``, a label
@@ -62,6 +63,14 @@ def name_problem(name: str) -> str | None:
     if len(name) > MAX_NAME or not DNS_LABEL.fullmatch(name):
         return (f"the Kubernetes name {name!r} is not a DNS-1035 label (lowercase letters, digits and '-', "
                 f"starting with a letter, ending with a letter or digit, at most {MAX_NAME} characters)")
+    return None
+
+
+def subdomain_problem(name: str) -> str | None:
+    """Why ``name`` cannot name a PersistentVolumeClaim (a DNS-1123 subdomain), or None."""
+    if len(name) > 253 or not DNS_SUBDOMAIN.fullmatch(name):
+        return (f"{name!r} is not a DNS-1123 subdomain (lower-case letters, digits, '-' and '.', starting and "
+                "ending with a letter or digit, at most 253 characters)")
     return None
 
 

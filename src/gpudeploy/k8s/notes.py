@@ -53,9 +53,14 @@ def deployment_notes(sets: list[RoleSet], options: Options, k8s_version: str) ->
                      f"necessarily the planned sglang_router {rs.leaders[0].engine_version} (--router-image to "
                      "choose).")
     for path in sorted({p for rs in engines if (p := model_dir(rs.role))}):
-        notes.append(f"Model: {path} is mounted read-only from the node (hostPath, type Directory), so it must "
-                     "exist at that path on every node a pod may run on; for a PersistentVolumeClaim, replace "
-                     "the volume named model.")
+        if options.model_pvc:
+            notes.append(f"Model: {path} is the PersistentVolumeClaim {options.model_pvc} mounted read-only at that "
+                         "path; gpudeploy does not create the claim, and it must hold the model's files at its root "
+                         "and allow ReadOnlyMany (or ReadWriteMany) where pods run on several nodes.")
+        else:
+            notes.append(f"Model: {path} is mounted read-only from the node (hostPath, type Directory), so it must "
+                         "exist at that path on every node a pod may run on; --model-pvc NAME mounts a "
+                         "PersistentVolumeClaim there instead.")
     secrets = {s: [rs.role.name for rs in sets if s in rs.role.secret_env]
                for rs in sets for s in rs.role.secret_env}
     if secrets:
