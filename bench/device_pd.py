@@ -28,14 +28,14 @@ import argparse
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+from devicecli import REPO, invoker
+
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 GIB = 1 << 30
 
@@ -89,18 +89,7 @@ def main() -> None:
     summary: dict[str, Any] = {"gpu": gpu}
     transcript = out / "transcript.txt"
 
-    def gd(name: str, *argv: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-        t0 = time.monotonic()
-        res = subprocess.run([py, "-m", "invoke", "--search-root", str(REPO), *argv, "--inventory",
-                              str(work / "hosts.yml")], cwd=REPO, env=env, capture_output=True, text=True,
-                             timeout=timeout)
-        took = time.monotonic() - t0
-        with transcript.open("a") as f:
-            f.write(f"\n== {name}\n$ invoke {' '.join(argv)}\n# exit {res.returncode}, {took:.2f} s\n"
-                    f"{res.stdout}{res.stderr}")
-        print(f"== {name}: exit {res.returncode} in {took:.2f} s\n{res.stdout}{res.stderr}", flush=True)
-        summary[f"{name}_s"], summary[f"{name}_rc"] = round(took, 2), res.returncode
-        return res
+    gd = invoker(py, env, work, transcript, summary)
 
     # What the node has (NVML, as facts will read it too); the inventory is built from it.
     before = nvml_gpus() if gpu else [{"index": i, "uuid": f"GPU-00000000-0000-0000-0000-{i:012d}",

@@ -18,13 +18,12 @@ import argparse
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+from devicecli import REPO, invoker
 
 
 def main() -> None:
@@ -65,20 +64,7 @@ def main() -> None:
 
     transcript = out / "transcript.txt"
 
-    def gd(name: str, *argv: str, timeout: float = 300,
-           inventory: str = "hosts.yml") -> subprocess.CompletedProcess[str]:
-        t0 = time.monotonic()
-        res = subprocess.run([py, "-m", "invoke", "--search-root", str(REPO), *argv, "--inventory",
-                              str(work / inventory)], cwd=REPO, env=env, capture_output=True, text=True,
-                             timeout=timeout)
-        took = time.monotonic() - t0
-        with transcript.open("a") as f:
-            f.write(f"\n== {name}\n$ invoke {' '.join(argv)} --inventory {inventory}\n# exit {res.returncode}, "
-                    f"{took:.2f} s\n{res.stdout}{res.stderr}")
-        print(f"== {name}: exit {res.returncode} in {took:.2f} s\n{res.stdout}{res.stderr}", flush=True)
-        summary[f"{name}_s"] = round(took, 2)
-        summary[f"{name}_rc"] = res.returncode
-        return res
+    gd = invoker(py, env, work, transcript, summary)
 
     gd("teardown0", "teardown", "--purge")  # an earlier try's leftovers, by their own records
     gd("teardown0_oom", "teardown", "--purge", inventory="hosts-oom.yml")
