@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -26,8 +27,8 @@ def _gone(proc: subprocess.Popen[bytes], within: float = 5.0) -> bool:
 
 
 def _run_kill(targets: list[tuple[int, int | None]]) -> list[str]:
-    argv = kill_exact_argv(targets)
-    res = subprocess.run([sys.executable, *argv[1:]], capture_output=True, text=True, check=True)
+    argv = kill_exact_argv(sys.executable, targets)
+    res = subprocess.run(argv, capture_output=True, text=True, check=True)
     return res.stdout.splitlines()
 
 
@@ -119,3 +120,29 @@ def test_a_heartbeat_keeps_the_lock(tmp_path: Path) -> None:
         holder.kill()
         holder.wait()
     assert os.path.exists(lock)
+
+
+def test_host_scripts_run_the_hosts_own_python(tmp_path: Path) -> None:
+    # A host whose python3 on PATH is another one (or none): the inventory's `python` runs the
+    # lock holder and the exact kill, as it runs the probe and the process supervisor.
+    from dataclasses import replace
+
+    from gpudeploy.apply.lock import HostLock
+    from gpudeploy.inventory import load_inventory
+
+    inv = load_inventory(str(Path(__file__).resolve().parents[2] / "inventory" / "lab.yml"))
+    host = replace(next(iter(inv.hosts.values())), python="/opt/venvs/py311/bin/python3")
+    seen: list[list[str]] = []
+
+    class Refusing:
+        def __init__(self) -> None:
+            self.host = host
+
+        def stream(self, argv: list[str]) -> object:
+            seen.append(argv)
+            raise OSError("no host here")
+
+    with contextlib.suppress(OSError):
+        HostLock(Refusing(), wait_s=0).__enter__()  # type: ignore[arg-type]
+    assert seen and seen[0][0] == "/opt/venvs/py311/bin/python3"
+    assert kill_exact_argv(host.python, [(1, 2)])[0] == "/opt/venvs/py311/bin/python3"

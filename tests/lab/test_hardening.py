@@ -101,7 +101,7 @@ def test_two_deploys_at_once_are_serialized(deployments: Deployments, lab: Lab) 
     inv = deployments.inventory("ser", {"one": standin_role(None)}, host="lab3")
     # The test holds the host lock itself, with gpudeploy's own holder script (no heartbeat needed:
     # its timeout is set to 600 s).
-    argv = holder_argv(300, '{"by": "the test"}')
+    argv = holder_argv("/usr/bin/python3", 300, '{"by": "the test"}')
     argv[-1] = "600"
     holder = subprocess.Popen(ssh_argv(lab.address_of("lab3"), " ".join(shlex.quote(a) for a in argv)),
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)

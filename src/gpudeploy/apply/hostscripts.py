@@ -29,5 +29,6 @@ for arg in sys.argv[1:]:
 """
 
 
-def kill_exact_argv(targets: list[tuple[int, int | None]]) -> list[str]:
-    return ["python3", "-c", KILL_EXACT, *(f"{pid}:{'' if ticks is None else ticks}" for pid, ticks in targets)]
+def kill_exact_argv(python: str, targets: list[tuple[int, int | None]]) -> list[str]:
+    """``python``: the host's interpreter (the inventory's ``python``), never PATH's guess."""
+    return [python, "-c", KILL_EXACT, *(f"{pid}:{'' if ticks is None else ticks}" for pid, ticks in targets)]

@@ -65,8 +65,10 @@ while True:
 """
 
 
-def holder_argv(wait_s: float, holder: str) -> list[str]:
-    return ["python3", "-c", HOLDER, LOCK_PATH, holder, f"{wait_s:g}", f"{HEARTBEAT_TIMEOUT_S:g}"]
+def holder_argv(python: str, wait_s: float, holder: str) -> list[str]:
+    """The holder's command line; ``python`` is the host's interpreter (the inventory's ``python``:
+    PATH's python3 on a host may be another one, or none)."""
+    return [python, "-c", HOLDER, LOCK_PATH, holder, f"{wait_s:g}", f"{HEARTBEAT_TIMEOUT_S:g}"]
 
 
 class LockBusy(RemoteError):
@@ -87,7 +89,7 @@ class HostLock:
     def __enter__(self) -> HostLock:
         holder = json.dumps({"by": f"{getpass.getuser()}@{socket.gethostname()}", "pid": os.getpid(),
                              "since": time.strftime("%Y-%m-%d %H:%M:%S")})
-        chan = self.remote.stream(holder_argv(self.wait_s, holder))
+        chan = self.remote.stream(holder_argv(self.remote.host.python or "python3", self.wait_s, holder))
         self.chan = chan
         self.beat = threading.Thread(target=self._heartbeat, daemon=True)
         self.beat.start()

@@ -159,7 +159,7 @@ def prove_clean(remote: Transport, supervisor: Supervisor, host: Host, before: d
             for pid in left:
                 say(f"[{host.name}/{role}] process {pid} survived the stop ({cmds.get(pid, '?')[:80]}); "
                     "killing it by PID and start time")
-            res = remote.run(kill_exact_argv(sorted(left.items())), check=False)
+            res = remote.run(kill_exact_argv(remote.host.python or "python3", sorted(left.items())), check=False)
             for line in res.stdout.splitlines():
                 word, _, rest = line.partition(" ")
                 if word == "killed":
