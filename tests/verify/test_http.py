@@ -60,3 +60,40 @@ def test_a_port_that_does_not_speak_http_is_not_ready_not_an_error() -> None:
         t.join(5)
         sock.close()
     assert status_of("http://127.0.0.1:9/health", timeout=2) is None  # nothing listens
+
+
+class _Endless(http.server.BaseHTTPRequestHandler):
+    """A 'generation' that never ends: an event every millisecond, never [DONE]."""
+
+    protocol_version = "HTTP/1.0"
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        try:
+            for i in range(10**6):
+                self.wfile.write(b'data: {"text": "' + b"x" * (i % 50) + b'"}\n\n')
+        except OSError:
+            pass  # the client stopped reading: what the bound is for
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_stream_that_never_ends_is_cut_not_kept_whole() -> None:
+    # The smoke kept every event of the stream: a server that streams on (or a port that is not an
+    # engine's) grew gpudeploy's memory without bound until the socket timeout, which never came.
+    from gpudeploy.verify.http import stream_events
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Endless)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        got = stream_events(f"http://127.0.0.1:{srv.server_address[1]}/generate", {"text": "hi"}, timeout=30,
+                            max_events=500)
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert got.status == 200 and len(got.events) == 500
+    assert "past 500 events" in got.cut

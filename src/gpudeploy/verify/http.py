@@ -121,20 +121,31 @@ def status_of(url: str, timeout: float, via: Transport | None = None) -> int | N
         return None
 
 
+# A smoke answer is a few dozen events; a server that streams on and on (or a port that is not an
+# engine) must not grow gpudeploy's memory or keep the gate forever: bounded by count, bytes and time.
+MAX_EVENTS = 4096
+MAX_EVENT_BYTES = 1 << 20  # all ``data:`` payloads together
+
+
 @dataclass(frozen=True)
 class Streamed:
-    """A streamed (SSE) POST: its status, the ``data:`` events, and when the first one came."""
+    """A streamed (SSE) POST: its status, the ``data:`` events, and when the first one came.
+    ``cut`` says why reading stopped early ("" when the stream ended by itself)."""
 
     status: int
     events: list[Any]
     error_body: str
     first_event_s: float | None
     total_s: float
+    cut: str = ""
 
 
-def stream_events(url: str, body: Any, *, timeout: float, via: Transport | None = None) -> Streamed:
-    """POST ``body`` and read a server-sent-event answer to its end (``data: [DONE]`` or close)."""
+def stream_events(url: str, body: Any, *, timeout: float, via: Transport | None = None,
+                  max_events: int = MAX_EVENTS, max_bytes: int = MAX_EVENT_BYTES) -> Streamed:
+    """POST ``body`` and read a server-sent-event answer to its end (``data: [DONE]`` or close),
+    for at most ``timeout`` seconds in all, ``max_events`` events and ``max_bytes`` of data."""
     t0 = time.monotonic()
+    deadline = t0 + timeout
     conn, path = _connection(url, timeout, via)
     try:
         conn.request("POST", path, body=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
@@ -144,23 +155,32 @@ def stream_events(url: str, body: Any, *, timeout: float, via: Transport | None 
                             time.monotonic() - t0)
         events: list[Any] = []
         first: float | None = None
+        size = 0
+        cut = ""
         for data in _sse_data(resp):
             if data == "[DONE]":
                 break
             if first is None:
                 first = time.monotonic() - t0
+            size += len(data)
+            if len(events) >= max_events or size > max_bytes:
+                cut = f"the stream went on past {max_events} events or {max_bytes} bytes"
+                break
             try:
                 events.append(json.loads(data))
             except ValueError:
                 events.append(data)
-        return Streamed(200, events, "", first, time.monotonic() - t0)
+            if time.monotonic() > deadline:
+                cut = f"the stream went on past {timeout:g} s"
+                break
+        return Streamed(200, events, "", first, time.monotonic() - t0, cut)
     finally:
         conn.close()
 
 
 def _sse_data(resp: http.client.HTTPResponse) -> Iterator[str]:
     while True:
-        line = resp.readline()
+        line = resp.readline(1 << 20)  # one event line; longer ones are cut (bounded memory)
         if not line:
             return
         text = line.decode(errors="replace").strip()

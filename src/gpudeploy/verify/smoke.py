@@ -75,6 +75,10 @@ def smoke_test(router: Unit, upstreams: list[Unit], via: Transport | None) -> Sm
         return SmokeResult(False, smoke.endpoint, "", None, got.total_s,
                            f"HTTP {got.status}: {got.error_body.strip()[:300]}")
     text = text_of(smoke.endpoint, got.events)
+    if got.cut:
+        return SmokeResult(False, smoke.endpoint, text[:200], got.first_event_s, got.total_s,
+                           f"{got.cut} (a generation of {smoke.max_tokens} tokens ends well before): is this "
+                           "port an engine's?")
     if not text.strip():
         return SmokeResult(False, smoke.endpoint, text, got.first_event_s, got.total_s,
                            f"the answer had no text ({len(got.events)} events)")
