@@ -6,6 +6,7 @@ from typing import Any
 
 from .model import Plan, Unit
 from .plan.build import SECRET_MASK
+from .plan.process_spec import numa_binding
 
 
 def plan_json(plan: Plan) -> dict[str, Any]:
@@ -50,6 +51,11 @@ def plan_text(plan: Plan, *, show_files: bool = True) -> str:
         numa = "-" if u.numa_node is None else str(u.numa_node)
         out.append(f"   engine   {u.role.engine} {u.engine_version or ''}".rstrip())
         out.append(f"   gpus     {gpus}   numa node {numa}   cpus {u.cpus or '-'}")
+        bound = numa_binding(u)
+        if bound is not None:
+            out.append(f"   memory   {bound['policy']} to NUMA node(s) {','.join(map(str, bound['nodes']))} "
+                       "(systemd: NUMAPolicy=; without systemd: set_mempolicy before exec, and deploy says so "
+                       "where the host refuses it)")
         if u.group is not None:
             g = u.group
             lead = "leader" if g.rank == 0 else f"leader {g.leader}"

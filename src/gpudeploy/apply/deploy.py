@@ -137,6 +137,8 @@ def start_and_gate(remote: Transport, supervisor: Supervisor, units: list[Unit],
             continue
         action = "restarted" if run.restarted else "started"
         say(f"[{host}/{u.role.name}] {action} {u.name}: MainPID {run.main_pid}, invocation {run.invocation[:12]}")
+        for note in run.notes:
+            say(f"[{host}/{u.role.name}] WARNING: {note}")
         _record(remote, u, {"state": "starting", "invocation": run.invocation, "main_pid": run.main_pid,
                             "started_us": run.start_us, "files": file_hashes(files[u.name])})
         started.append((u, run))

@@ -39,6 +39,7 @@ class Run:
     main_pid: int
     start_us: int  # the host's clock (µs since the epoch) just before the start
     restarted: bool  # it replaced a run that was active
+    notes: tuple[str, ...] = ()  # what the supervisor could not do as planned (e.g. NUMA binding), said by deploy
 
 
 class Sink(Protocol):

@@ -137,7 +137,8 @@ class Process:
         except (ValueError, IndexError):
             raise RemoteError(transport.host.name, f"starting {unit} failed: "
                               f"{(res.stderr or res.stdout).strip()[-400:]}") from None
-        return Run(unit, run["run_id"], int(run["pid"]), int(run["start_us"]), bool(run.get("restarted")))
+        return Run(unit, run["run_id"], int(run["pid"]), int(run["start_us"]), bool(run.get("restarted")),
+                   tuple(str(n) for n in run.get("notes") or ()))
 
     def watch(self, transport: Transport, runs: list[Run], sinks: dict[str, Sink]) -> ProcessWatch:
         return ProcessWatch(transport, runs, sinks, transport.host.python or self.python)

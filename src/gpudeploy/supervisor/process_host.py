@@ -33,7 +33,11 @@ from typing import Any
 UNITS_DIR = "/etc/gpudeploy/units"
 RUNS_DIR = "/run/gpudeploy/units"
 LOG_DIR = "/var/log/gpudeploy"
+RECORDS_DIR = "/var/lib/gpudeploy/runs"  # deploy's run records (apply/deploy.py RUNS_DIR): PIDs seen at gate time
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+# A log "line" without a newline (tqdm's progress bars redraw with \r only) is cut into pieces of at
+# most this many bytes, as journald cuts at its LineMax= (48K by default): never kept whole in memory.
+MAX_LINE = 48 * 1024
 
 
 def stat_of(pid: int) -> dict[str, Any] | None:
@@ -168,14 +172,29 @@ def env_file(path: str) -> dict[str, str]:
         return {}
 
 
+def recorded_pids(unit: str) -> list[dict[str, Any]]:
+    """The PIDs (with start times) deploy recorded for the unit at gate time: workers that may have
+    left the server's session and ancestry."""
+    return list((read_json(f"{RECORDS_DIR}/{unit}.json") or {}).get("pids", []))
+
+
 def start(unit: str) -> dict[str, Any]:
     spec = read_json(f"{UNITS_DIR}/{unit}.json")
     if spec is None:
         raise SystemExit(f"no unit file {UNITS_DIR}/{unit}.json")
     old = read_json(f"{RUNS_DIR}/{unit}.json")
     restarted = bool(old and alive(old["pid"], old["start_ticks"]))
-    if old and restarted:
+    # Every process of earlier runs ends first, also when only the main PID died and its workers
+    # live on (holding the port and GPU memory): the new run's record would lose track of them and
+    # the gate could be answered by the old server's child.
+    survivors = run_processes({**old, "recorded": recorded_pids(unit)}) if old else []
+    if survivors:
         stop([unit])
+        left = run_processes({**old, "recorded": recorded_pids(unit)})
+        if left:
+            pids = ", ".join(str(p["pid"]) for p in left)
+            raise SystemExit(f"processes of the previous run of {unit} are still alive after its stop (pids {pids}); "
+                             "not started")
     run_id = uuid.uuid4().hex
     log = f"{LOG_DIR}/{unit}/{run_id}.log"
     os.makedirs(os.path.dirname(log), exist_ok=True)
@@ -196,6 +215,10 @@ def start(unit: str) -> dict[str, Any]:
         raise SystemExit(f"the monitor of {unit} did not start it")
     run = json.loads(reply)
     run["restarted"] = restarted
+    if survivors and not restarted:
+        pids = ", ".join(str(p["pid"]) for p in survivors)
+        run["notes"] = [f"stopped what the previous run left behind when its main process died (pids {pids})",
+                        *run.get("notes", [])]
     return dict(run)
 
 
@@ -208,9 +231,17 @@ def _monitor(unit: str, spec: dict[str, Any], run_id: str, log: str, start_us: i
     for fd in (0, 1, 2):
         os.dup2(devnull_fd, fd)
     _become_subreaper()
+    # The memory policy is set here, in the monitor, so its failure can be told in the start's reply;
+    # the server inherits it (fork keeps it, exec keeps it).
+    numa = spec.get("numa")
+    unbound = bind_memory(numa)
+    notes = [f"NUMA memory binding ({numa['policy']} to node(s) {', '.join(map(str, numa['nodes']))}) "
+             f"not applied: {unbound}; the server's memory is not bound"] if unbound and numa else []
     env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
     env.update(env_file(spec["env_file"]))
     out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+    for note in notes:
+        os.write(out, f"gpudeploy: {note}\n".encode())
     server = os.fork()
     if server == 0:
         try:
@@ -235,7 +266,7 @@ def _monitor(unit: str, spec: dict[str, Any], run_id: str, log: str, start_us: i
     st = stat_of(server) or {"start_ticks": 0}
     me = stat_of(os.getpid()) or {"start_ticks": 0}
     run = {"unit": unit, "run_id": run_id, "pid": server, "start_ticks": st["start_ticks"], "log": log,
-           "start_us": start_us, "monitor": os.getpid(), "monitor_ticks": me["start_ticks"]}
+           "start_us": start_us, "monitor": os.getpid(), "monitor_ticks": me["start_ticks"], "notes": notes}
     write_json(f"{RUNS_DIR}/{unit}.json", run)
     os.write(report, json.dumps(run).encode())
     os.close(report)
@@ -270,6 +301,34 @@ def _become_subreaper() -> None:
         pass
 
 
+# set_mempolicy(2) modes and syscall numbers (glibc has no wrapper; libnuma may be absent).
+MEMPOLICY = {"preferred": 1, "bind": 2, "interleave": 3}
+SYS_SET_MEMPOLICY = {"x86_64": 238, "aarch64": 237}
+
+
+def bind_memory(numa: dict[str, Any] | None) -> str:
+    """Apply the spec's NUMA memory policy to this process (its children inherit it across fork and
+    exec, as systemd's NUMAPolicy= does for a unit); "" when done or not asked, else why not."""
+    if not numa:
+        return ""
+    import ctypes
+    import platform
+
+    nodes, policy = [int(n) for n in numa["nodes"]], str(numa["policy"])
+    number = SYS_SET_MEMPOLICY.get(platform.machine())
+    if number is None or policy not in MEMPOLICY:
+        return f"set_mempolicy is not known here ({platform.machine()}, policy {policy})"
+    words = max(nodes) // 64 + 1
+    mask = (ctypes.c_ulong * words)()
+    for n in nodes:
+        mask[n // 64] |= 1 << (n % 64)
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syscall(number, MEMPOLICY[policy], mask, ctypes.c_ulong(words * 64 + 1)) != 0:
+        errno = ctypes.get_errno()
+        return f"set_mempolicy({policy}, nodes {nodes}) failed: {os.strerror(errno)}"
+    return ""
+
+
 def _kill_exact(procs: list[dict[str, Any]], sig: int) -> None:
     for p in procs:
         if alive(p["pid"], p["start_ticks"]):
@@ -289,7 +348,7 @@ def stop(units: list[str]) -> list[dict[str, Any]]:
             out[unit] = {"unit": unit, "was": "inactive", "left": []}
             continue
         spec = read_json(f"{UNITS_DIR}/{unit}.json") or {}
-        run["recorded"] = (read_json(f"/var/lib/gpudeploy/runs/{unit}.json") or {}).get("pids", [])
+        run["recorded"] = recorded_pids(unit)
         run["deadline"] = time.monotonic() + float(spec.get("stop_timeout_s", 30))
         run["was_alive"] = alive(run["pid"], run["start_ticks"])
         write_json(f"{RUNS_DIR}/{unit}.json", {**{k: v for k, v in run.items() if k not in ("deadline",
@@ -298,6 +357,10 @@ def stop(units: list[str]) -> list[dict[str, Any]]:
         if run["was_alive"]:
             with contextlib.suppress(ProcessLookupError):  # the server leads its group (setsid): pgid == its PID
                 os.killpg(run["pid"], signal.SIGTERM)
+        # Every other process of the run gets its SIGTERM too (by PID and start time), first of all
+        # the survivors of a main process that already died: a chance to free GPU memory cleanly
+        # before the SIGKILL, as systemd's control-group stop gives every process of the unit.
+        _kill_exact(run_processes(run), signal.SIGTERM)
         runs[unit] = run
     pending = dict(runs)
     while pending:
@@ -316,7 +379,7 @@ def stop(units: list[str]) -> list[dict[str, Any]]:
         time.sleep(0.05)
     for unit, run in runs.items():
         out[unit] = {"unit": unit, "was": "active" if run["was_alive"] else "inactive",
-                     "left": [p["pid"] for p in run_processes(run)]}
+                     "left": [p["pid"] for p in run_processes(run)], "killed": run.get("killed", 0)}
     return [out[u] for u in units]
 
 
@@ -344,9 +407,14 @@ def watch(wanted: list[dict[str, Any]]) -> None:
                 data = b""
             offsets[r["unit"]] += len(data)
             lines = (partial[r["unit"]] + data).split(b"\n")
-            partial[r["unit"]] = lines.pop()
+            rest = lines.pop()
+            while len(rest) > MAX_LINE:
+                lines.append(rest[:MAX_LINE])
+                rest = rest[MAX_LINE:]
+            partial[r["unit"]] = rest
             for line in lines:
-                _emit({"unit": r["unit"], "line": line.decode(errors="replace")})
+                for at in range(0, max(1, len(line)), MAX_LINE):
+                    _emit({"unit": r["unit"], "line": line[at:at + MAX_LINE].decode(errors="replace")})
             exit_info = read_json(f"{RUNS_DIR}/{r['unit']}.exit-{r['run_id']}.json")
             ended = exit_info is not None or not alive(r["pid"], r["start_ticks"])
             if ended and not data:  # everything the log had before the end has been sent
@@ -401,7 +469,7 @@ def unit_facts(names: list[str], deployments: list[str], log_lines: int) -> dict
     for unit in wanted:
         spec = read_json(f"{UNITS_DIR}/{unit}.json")
         run = read_json(f"{RUNS_DIR}/{unit}.json")
-        record = read_json(f"/var/lib/gpudeploy/runs/{unit}.json")
+        record = read_json(f"{RECORDS_DIR}/{unit}.json")
         exit_info = read_json(f"{RUNS_DIR}/{unit}.exit-{run['run_id']}.json") if run else None
         is_alive = bool(run) and alive(run["pid"], run["start_ticks"])
         procs = []
