@@ -20,6 +20,7 @@ from typing import Any
 
 from invoke import Collection, Exit, task
 
+from gpudeploy import interrupt
 from gpudeploy.errors import GpudeployError
 from gpudeploy.fanout import Interrupted, raise_open_files, set_forks
 from gpudeploy.plan import load_plan
@@ -112,12 +113,14 @@ def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         raise_open_files()
+        interrupt.install()  # Ctrl-C always ends the command within interrupt.GRACE_S
         try:
             return fn(*args, **kwargs)
         except GpudeployError as exc:
             raise Exit(f"gpudeploy: {exc}", code=1) from None
         except KeyboardInterrupt:
-            raise Exit("gpudeploy: interrupted", code=130) from None
+            print("gpudeploy: interrupted", file=sys.stderr)
+            interrupt.leave(130)  # never waits for worker threads still on a host
 
     return wrapper
 
@@ -183,7 +186,7 @@ def deploy(c, host=None, inventory=DEFAULT_INVENTORY, role=None, deployment=None
     except Interrupted as exc:
         print(deploy_summary(exc.results)[0])
         print(interrupted_text(exc.results))
-        raise Exit(code=130) from None
+        interrupt.leave(130)
     text, ok = deploy_summary(result)
     records = deploy_records(result)
     if not check:

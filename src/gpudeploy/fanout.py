@@ -4,9 +4,11 @@ One host's failure never hides another's outcome (like fabric's GroupResult): th
 every host, then decides the exit status. Any exception of a host's work becomes that host's
 error, not a traceback that loses the others.
 
-Ctrl-C: the main thread sets one :class:`Cancel` that every waiter of the run watches (each gate's
-sleep is an ``Event.wait``), gives the hosts a moment to say where they stand, and raises
-:class:`Interrupted` with what it has. A second Ctrl-C leaves at once.
+Ctrl-C (``interrupt``): every :class:`Cancel` of the process is set at once, which every waiter of
+the run watches (each gate's sleep is an ``Event.wait``); the main thread gives the hosts a moment
+to say where they stand and raises :class:`Interrupted` with what it has. Interrupted is a
+KeyboardInterrupt, never a GpudeployError: code that takes a host's error for "this host did not
+answer" cannot swallow it. A second Ctrl-C leaves at once.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from typing import Any, TypeVar
 
+from . import interrupt
 from .errors import GpudeployError, RemoteError
 from .model import Host
 from .progress import Board
@@ -25,7 +28,7 @@ from .progress import Board
 T = TypeVar("T")
 
 _print_lock = threading.Lock()
-WIND_DOWN_S = 10.0  # after Ctrl-C, how long the hosts may take to report where they stand
+WIND_DOWN_S = 1.0  # after Ctrl-C, how long the hosts may take to report where they stand (interrupt.GRACE_S bounds all)
 FDS_PER_HOST = 3  # an ssh connection, a lock stream and a log stream per host at once
 _forks: int | None = None  # --forks, for the whole command
 
@@ -100,6 +103,7 @@ class Cancel:
         self._lock = threading.Lock()
         self._events: list[threading.Event] = []
         self._set = False
+        interrupt.on_interrupt(self.set)  # Ctrl-C sets it before anything can swallow the interruption
 
     def watch(self, event: threading.Event) -> None:
         with self._lock:
@@ -119,13 +123,16 @@ class Cancel:
         return self._set
 
 
-class Interrupted(GpudeployError):
+class Interrupted(KeyboardInterrupt):
     """Ctrl-C. ``results`` holds each host's outcome as far as it got (an error for hosts that
     did not answer in time)."""
 
     def __init__(self, results: Any) -> None:
         self.results = results
         super().__init__("interrupted")
+
+    def __str__(self) -> str:
+        return "interrupted"
 
 
 def for_each_host(hosts: list[Host], fn: Callable[[Host], T], cancel: Cancel | None = None

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 
 import pytest
 from conftest import Lab
@@ -144,25 +145,88 @@ def test_eight_units_on_one_host_within_sshds_session_limit(deployments: Deploym
         lab.ssh("lab3", "rm -f /etc/ssh/sshd_config.d/00-test-sessions.conf && systemctl reload ssh", check=True)
 
 
-def test_ctrl_c_stops_waiting_at_once_and_says_what_is_left_running(deployments: Deployments, lab: Lab) -> None:
-    inv = deployments.inventory("intr", {"srv": standin_role("hang", timeout_s=600)})
-    proc = subprocess.Popen([*INVOKE, "deploy", "--inventory", str(inv), "--host", "lab2"], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+@pytest.fixture
+def cores() -> Iterator[Callable[[], None]]:
+    """Call it to load both cores (two `while True: pass`), as on the busy machines where Ctrl-C was lost."""
+    loops: list[subprocess.Popen[bytes]] = []
+
+    def load() -> None:
+        loops.extend(subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2))
+
+    yield load
+    for p in loops:
+        p.kill()
+        p.wait()
+
+
+def _interrupt_at(proc: subprocess.Popen[str], marker: str) -> tuple[str, float]:
+    """Read until ``marker``, send SIGINT, read to the end: (output, seconds from SIGINT to exit)."""
     assert proc.stdout is not None
     seen = []
     for line in proc.stdout:
         seen.append(line)
-        if "capturing CUDA graphs" in line:
+        if marker in line:
             break
     sent = time.monotonic()
     proc.send_signal(signal.SIGINT)
-    out = "".join(seen) + proc.communicate(timeout=30)[0]
-    took = time.monotonic() - sent
+    try:
+        out = "".join(seen) + proc.communicate(timeout=60)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return out, time.monotonic() - sent
+
+
+def _lock_is_free(lab: Lab, host: str) -> bool:
+    """Nobody holds the host lock: a holder with no wait gets it at once."""
+    argv = holder_argv("/usr/bin/python3", 0, '{"by": "the probe"}')
+    res = lab.ssh(host, " ".join(shlex.quote(a) for a in argv), input="")
+    return res.stdout.splitlines()[:1] == ["locked"]
+
+
+@pytest.mark.parametrize("busy", [False, True], ids=["idle", "both-cores-busy"])
+def test_ctrl_c_stops_waiting_at_once_and_says_what_is_left_running(deployments: Deployments, lab: Lab,
+                                                                    cores: Callable[[], None], busy: bool) -> None:
+    inv = deployments.inventory("intr", {"srv": standin_role("hang", timeout_s=600)})
+    if busy:
+        cores()
+    proc = subprocess.Popen([*INVOKE, "deploy", "--inventory", str(inv), "--host", "lab2"], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out, took = _interrupt_at(proc, "capturing CUDA graphs")
+    print(f"ctrl-c in the gate ({'both cores busy' if busy else 'idle'}): deploy exited {took:.2f} s after SIGINT")
     assert proc.returncode == 130, out
-    assert "left running, still starting:" in out and f"lab2/srv: {unit_name('intr', 'srv')} MainPID" in out, out
+    assert f"lab2/srv: {unit_name('intr', 'srv')} MainPID" in out, out
+    assert "deployment intr: FAILED: interrupted (Ctrl-C) before it was ready" in out, out
+    assert "running now: lab2/srv" in out, out
     assert "Traceback" not in out
-    print(f"ctrl-c: deploy exited {took:.2f} s after SIGINT")
+    # Under load a deploy once kept waiting, and kept the host lock, for over seven minutes.
+    assert took < 10, f"{took:.1f} s (the bound is 1.5 s plus the process's exit)"
+    assert _lock_is_free(lab, "lab2")
     assert _active(lab, "lab2", unit_name("intr", "srv")) == "active"  # what it said is true
+
+
+def test_ctrl_c_while_waiting_for_a_host_lock_under_load(deployments: Deployments, lab: Lab,
+                                                        cores: Callable[[], None]) -> None:
+    inv = deployments.inventory("intl", {"one": standin_role(None)}, host="lab3")
+    argv = holder_argv("/usr/bin/python3", 300, '{"by": "the test"}')
+    argv[-1] = "600"
+    holder = subprocess.Popen(ssh_argv(lab.address_of("lab3"), " ".join(shlex.quote(a) for a in argv)),
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+        cores()
+        proc = subprocess.Popen([*INVOKE, "deploy", "--inventory", str(inv), "--host", "lab3"], cwd=REPO,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        out, took = _interrupt_at(proc, "waiting for another gpudeploy run")
+        print(f"ctrl-c while waiting for the host lock (both cores busy): exited {took:.2f} s after SIGINT")
+        assert proc.returncode == 130 and "Traceback" not in out, out
+        assert took < 10, f"{took:.1f} s"
+        assert "interrupted" in out, out
+    finally:
+        holder.kill()
+        holder.wait()
+    assert _active(lab, "lab3", unit_name("intl", "one")) != "active"  # nothing was started
 
 
 def test_the_gate_ignores_the_operators_http_proxy(deployments: Deployments) -> None:

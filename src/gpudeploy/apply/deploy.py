@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import interrupt
 from ..errors import GpudeployError, InputError, Problem
 from ..facts.probe import probe
 from ..fanout import Cancel, progress, progress_done, say
@@ -127,6 +128,8 @@ def start_and_gate(remote: Transport, supervisor: Supervisor, units: list[Unit],
         if cancel is not None and cancel.is_set():
             outcomes[u.name] = UnitOutcome(u, "skipped", False, message="not started: interrupted")
             continue
+        stop_it = f"`invoke teardown --host {host} --role {u.role.name}` stops it"
+        interrupt.note(u.key, f"{u.name}: its start was asked for; {stop_it}")
         try:
             run = supervisor.start(remote, u.name, was_active=states[u.name].active,
                                    stop_timeout_s=u.role.stop_timeout_s)
@@ -134,8 +137,10 @@ def start_and_gate(remote: Transport, supervisor: Supervisor, units: list[Unit],
             # e.g. the old run ignored SIGTERM past the restart's timeout: systemd is still at it.
             outcomes[u.name] = UnitOutcome(u, "failed", False, message=f"{exc}; `invoke status` shows where it is")
             say(f"[{host}/{u.role.name}] FAILED to start: {exc}")
+            interrupt.clear(u.key)
             continue
         action = "restarted" if run.restarted else "started"
+        interrupt.note(u.key, f"{u.name} MainPID {run.main_pid}, still starting; {stop_it}")
         say(f"[{host}/{u.role.name}] {action} {u.name}: MainPID {run.main_pid}, invocation {run.invocation[:12]}")
         for note in run.notes:
             say(f"[{host}/{u.role.name}] WARNING: {note}")
@@ -167,6 +172,8 @@ def start_and_gate(remote: Transport, supervisor: Supervisor, units: list[Unit],
         except GpudeployError as exc:
             outcomes[u.name] = UnitOutcome(u, "failed", False, run.main_pid, gates[u.name],
                                            message=f"after the gate: {exc}")
+        if not outcomes[u.name].left_running:
+            interrupt.clear(u.key)  # ready, or failed and dealt with: nothing left half done there
     return [outcomes[u.name] for u in units]
 
 

@@ -149,6 +149,11 @@ def _batch(units: list[Unit], secrets: dict[str, str], renderer: Renderer, opts:
             for host, res in exc.results.items():
                 if isinstance(res, GpudeployError):
                     result.hosts.setdefault(host, res)
+            for d in {u.deployment for u in units}:
+                result.deployments[d].fail("interrupted (Ctrl-C) before it was ready")
+                result.deployments[d].running = sorted(
+                    o.unit.key for o in outcomes.values() if o.unit.deployment == d
+                    and o.action in ("started", "restarted", "unchanged", "interrupted"))
             _collect(result, units, outcomes)
             raise Interrupted(result) from None
 
