@@ -146,16 +146,26 @@ def leftovers() -> list[str]:
 
 # --- status ---------------------------------------------------------------------------------------
 
-def probe(h: Host, wait: bool = False, timeout: float = 10) -> HostStatus:
-    """Look at one host: nspawn, ssh, systemd state (``wait``: until boot has finished)."""
+def probe(h: Host, wait: bool = False, timeout: float = 30) -> HostStatus:
+    """Look at one host: nspawn, ssh, systemd state (``wait``: until boot has finished).
+
+    A booted host on a machine whose cores are busy (the test suite beside two busy loops) may take
+    seconds for one ssh handshake: ssh gets 10 s to connect and is tried again within ``timeout``
+    before the host counts as not answering."""
     if not host.is_running(h):
         return HostStatus(h, up=False, ssh_ok=False, systemd="-", pss_kib=_host_pss(h))
     is_running = "systemctl is-system-running" + (" --wait" if wait else "")
     # The host itself says whether systemd runs there (systemd's own test, sd_booted()): a host
     # without it is asked nothing of systemctl
-    result = ssh(h.address, f"if [ -d /run/systemd/system ]; then {is_running}; "
-                 f"systemctl list-units --failed --plain --no-legend; else echo '{NO_SYSTEMD}'; fi",
-                 timeout=timeout)
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        result = ssh(h.address, f"if [ -d /run/systemd/system ]; then {is_running}; "
+                     f"systemctl list-units --failed --plain --no-legend; else echo '{NO_SYSTEMD}'; fi",
+                     timeout=max(1.0, left), connect_timeout=max(1.0, min(10.0, left)))
+        if result.returncode != SSH_FAILED or deadline - time.monotonic() < 1 or not host.is_running(h):
+            break
+        time.sleep(0.5)  # the retry's pause; the deadline above bounds the whole
     if result.returncode == SSH_FAILED:
         return HostStatus(h, up=True, ssh_ok=False, systemd="-", pss_kib=_host_pss(h))
     state, *failed = result.stdout.splitlines() or ["?"]

@@ -58,10 +58,10 @@ def ssh_argv(address: str, command: str, connect_timeout: float = 3, jump: str |
 
 
 def ssh(address: str, command: str, timeout: float = 30, input: str | None = None,
-        jump: str | None = None) -> subprocess.CompletedProcess[str]:
+        jump: str | None = None, connect_timeout: float = 3) -> subprocess.CompletedProcess[str]:
     """Run ``command`` on a lab host (through ``jump`` if given); returncode 255: ssh itself failed."""
     try:
-        return subprocess.run(ssh_argv(address, command, jump=jump), input=input, capture_output=True,
+        return subprocess.run(ssh_argv(address, command, connect_timeout, jump=jump), input=input, capture_output=True,
                               text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired as exc:
         return subprocess.CompletedProcess(exc.cmd, SSH_FAILED, "", f"timed out after {timeout:.0f} s")
