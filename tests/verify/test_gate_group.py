@@ -96,3 +96,77 @@ def test_the_rank_that_ran_out_of_memory_is_the_groups_cause_though_its_peer_die
     assert follow.cause is not None and follow.cause.kind == "oom-in-graph-capture", follow.cause
     root = root_cause([(leader, lead.cause, lead.died_at), (follower, follow.cause, follow.died_at)])
     assert root is not None and root[0] is follower and root[1].kind == "oom-in-graph-capture"
+
+
+class _Silent:
+    """A supervisor whose start works and whose watch never reports anything (a server that is
+    never healthy and never dies), or whose start fails (``refuse``)."""
+
+    def __init__(self, refuse: str | None = None) -> None:
+        self.refuse = refuse
+        self.stopped: list[str] = []
+
+    def start(self, remote: Any, unit: str, *, was_active: bool, stop_timeout_s: float) -> Run:
+        if self.refuse:
+            from gpudeploy.errors import RemoteError
+
+            raise RemoteError("lab2", self.refuse)
+        return Run(unit, "inv", 40, 1, False)
+
+    @contextmanager
+    def watch(self, remote: Any, runs: list[Run], sinks: dict[str, Sink]) -> Iterator[None]:
+        yield None
+
+    def run_lines(self, remote: Any, run: Run) -> list[str]:
+        return []
+
+    def stop(self, remote: Any, units: list[str], timeout_s: float) -> None:
+        self.stopped += units
+
+
+class _Host:
+    def __init__(self, name: str) -> None:
+        self.host = type("H", (), {"name": name, "python": "/usr/bin/python3"})()
+
+    def put(self, path: str, data: bytes, mode: int) -> None:
+        pass
+
+
+def test_a_rank_that_cannot_start_fails_its_group_at_once_with_its_own_cause(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The other ranks waited out the whole health timeout, and the leader was blamed with "timeout".
+    import time
+
+    from gpudeploy.apply import deploy as unit_deploy
+    from gpudeploy.apply.deploy import Options, start_and_gate
+
+    case = yaml.safe_load(CASE.read_text())
+    plan = load_plan(str(materialize(case, tmp_path)), memory=False)
+    leader, follower = sorted((u for u in plan.units if u.group is not None), key=lambda u: u.group.rank)  # type: ignore[union-attr]
+    monkeypatch.setattr(gate, "status_of", lambda url, timeout, via: None)
+    monkeypatch.setattr(unit_deploy, "_after_gate", lambda remote, sup, u, run, g, files, opts: unit_deploy.UnitOutcome(
+        u, "failed" if not g.ok else "started", g.ok, run.main_pid, g))
+    links = GroupLinks([leader, follower])
+    files = {leader.name: {}}
+    out: dict[str, Any] = {}
+
+    def rank(unit: Any, sup: _Silent) -> None:
+        [out[unit.host.name]] = start_and_gate(_Host(unit.host.name), sup, [unit], files,  # type: ignore[arg-type]
+                                               {unit.name: type("S", (), {"active": False})()},  # type: ignore[dict-item]
+                                               Options(timeout_s=120), None, links)
+
+    t0 = time.monotonic()
+    threads = [threading.Thread(target=rank, args=(leader, _Silent())),
+               threading.Thread(target=rank, args=(follower, _Silent(refuse="Job for the unit failed")))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    took = time.monotonic() - t0
+    lead, follow = out[leader.host.name], out[follower.host.name]
+    assert follow.gate.cause.kind == "start-failed" and "Job for the unit failed" in follow.gate.cause.summary
+    assert lead.gate.cause.kind == "group-failed", lead.gate.cause  # not "timeout"
+    assert took < 60, took  # the health timeout is 120 s
+    root = root_cause([(leader, lead.gate.cause, lead.gate.died_at), (follower, follow.gate.cause,
+                                                                       follow.gate.died_at)])
+    assert root is not None and root[0] is follower

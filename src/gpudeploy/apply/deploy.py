@@ -135,9 +135,14 @@ def start_and_gate(remote: Transport, supervisor: Supervisor, units: list[Unit],
                                    stop_timeout_s=u.role.stop_timeout_s)
         except GpudeployError as exc:
             # e.g. the old run ignored SIGTERM past the restart's timeout: systemd is still at it.
-            outcomes[u.name] = UnitOutcome(u, "failed", False, message=f"{exc}; `invoke status` shows where it is")
+            cause = Cause("start-failed", f"could not be started: {str(exc).splitlines()[0]}", (),
+                          "`invoke status` shows where it is")
+            outcomes[u.name] = UnitOutcome(u, "failed", False, message=f"{exc}; `invoke status` shows where it is",
+                                           gate=GateResult(False, "starting", 0.0, cause, died_at=time.monotonic()))
             say(f"[{host}/{u.role.name}] FAILED to start: {exc}")
             interrupt.clear(u.key)
+            if links is not None:
+                links.failed(u)  # the other ranks of its group need not wait out their health timeout
             continue
         action = "restarted" if run.restarted else "started"
         interrupt.note(u.key, f"{u.name} MainPID {run.main_pid}, still starting; {stop_it}")
@@ -163,8 +168,11 @@ def start_and_gate(remote: Transport, supervisor: Supervisor, units: list[Unit],
         gates = gate_runs(remote, supervisor, started, on_phase=on_phase, flag_name=_flag_name,
                           timeout_s=opts.timeout_s, cancel=cancel, links=links, on_done=on_done)
     except GpudeployError as exc:  # the watch could not even start (connection lost right then)
-        gates = {u.name: GateResult(False, "starting", 0.0, Cause("connection-lost", str(exc)))
-                 for u, _ in started}
+        gates = {u.name: GateResult(False, "starting", 0.0, Cause("connection-lost", str(exc)),
+                                    died_at=time.monotonic()) for u, _ in started}
+        for u, _ in started:
+            if links is not None:
+                links.failed(u)
     for u, run in started:
         progress_done(u.key)
         try:

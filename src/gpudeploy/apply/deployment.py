@@ -271,7 +271,13 @@ def _run(sessions: dict[str, HostSession], units: list[Unit], secrets: dict[str,
                     if ok(u) and (u.role.engine == "sglang_router") == routers
                     and (not routers or all(outcomes.get(e.key) and outcomes[e.key].ok
                                             for e, _ in upstreams_of(u, units)))]
-            for o in start_and_gate(s.remote, s.supervisor, mine, s.files, s.states, opts, cancel, links):
+            try:
+                gated = start_and_gate(s.remote, s.supervisor, mine, s.files, s.states, opts, cancel, links)
+            except Exception:
+                for u in mine:  # this host failed as a whole: its ranks' groups fail now, not at their timeout
+                    links.failed(u)
+                raise
+            for o in gated:
                 outcomes[o.unit.key] = o
         _phase(sessions, one, units, result, cancel)
         for o in _group_first(list(outcomes.values())):
