@@ -211,6 +211,8 @@ def deployment_line(dep: Any) -> str:
     lines = [f"deployment {dep.name}: FAILED: {dep.failure}", *(f"    {s}" for s in smokes)]
     if dep.stopped:
         lines.append("    stopped what this run started: " + ", ".join(dep.stopped))
+    if dep.restored:
+        lines.append("    back on the files they ran from before this deploy: " + ", ".join(dep.restored))
     lines.append("    running now: " + (", ".join(dep.running) if dep.running else "nothing of this deployment"))
     return "\n".join(lines)
 

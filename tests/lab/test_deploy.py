@@ -257,3 +257,39 @@ def test_status_reads_the_same_facts_over_paramiko_without_an_ssh_client(deploym
     assert [(s.unit, s.state, s.main_pid, s.healthy) for s in via_openssh] == \
         [(s.unit, s.state, s.main_pid, s.healthy) for s in via_paramiko]
     assert via_paramiko[0].healthy
+
+
+def test_a_failed_redeploy_puts_the_previous_files_back_and_serves_again(deployments: Deployments,
+                                                                         lab: Lab) -> None:
+    # A failed redeploy stopped the changed unit and never restored its files: a failed canary left
+    # that host serving nothing.
+    inv = deployments.inventory("rback", {"srv": standin_role(None)})
+    assert gd("deploy", "--inventory", str(inv), "--host", "lab2").returncode == 0
+    before = lab.ssh("lab2", "cat /etc/gpudeploy/rback.srv.env", check=True).stdout
+    bad = deployments.inventory("rback", {"srv": standin_role("oom-graph")})
+    res = gd("deploy", "--inventory", str(bad), "--host", "lab2")
+    out = res.stdout + res.stderr
+    assert res.returncode == 1, out
+    assert "lab2/srv: FAILED" in out and "out of memory" in out.lower()  # the new run's cause is still said
+    assert "back on the files they ran from before this deploy: lab2/srv (healthy again)" in out, out
+    assert "running now: lab2/srv" in out, out
+    assert lab.ssh("lab2", "cat /etc/gpudeploy/rback.srv.env", check=True).stdout == before
+    [unit] = status_json(inv)["hosts"]["lab2"]["units"]
+    assert unit["healthy"], unit
+
+
+def test_serial_batches_never_stop_an_earlier_batchs_failure_again(deployments: Deployments, lab: Lab) -> None:
+    # --serial re-ran every earlier batch's clean-up on the hosts it shared with the current batch:
+    # their stopped units were stopped again and listed twice.
+    good = standin_role(None, tp=1)
+    bad = standin_role("kv-not-enough", tp=1, ports={"http": 30100, "nccl": 30105})
+    later = standin_role(None, tp=1, ports={"http": 30200, "nccl": 30205})
+    inv = deployments.inventory("sa", {"ok": good, "bad": bad, "later": later}, host="lab2",
+                                placed=[{"role": "ok", "gpus": [0]}, {"role": "bad", "gpus": [1]},
+                                        {"role": "later", "gpus": [4], "deployment": "sb"}])
+    res = gd("deploy", "--inventory", str(inv), "--serial", "1", "--max-fail-percent", "100")
+    out = res.stdout + res.stderr
+    assert res.returncode == 1, out
+    [line] = [x for x in out.splitlines() if "stopped what this run started" in x]
+    assert line.strip() == "stopped what this run started: lab2/ok", out
+    assert "deployment sb: READY" in out, out

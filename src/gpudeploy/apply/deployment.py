@@ -52,6 +52,9 @@ class HostSession:
     facts: dict[str, Any] = field(default_factory=dict)
     states: dict[str, UnitState] = field(default_factory=dict)
     healthy: dict[str, bool] = field(default_factory=dict)
+    # unit -> the files it ran from before this deploy changed them (only units that were healthy):
+    # what a failed redeploy puts back
+    previous: dict[str, dict[str, tuple[bytes, int]]] = field(default_factory=dict)
 
 
 @dataclass
@@ -63,6 +66,7 @@ class DeploymentOutcome:
     untouched: bool = False  # the rollout stopped before its batch: nothing of it was changed
     smoke: list[tuple[Unit, SmokeResult]] = field(default_factory=list)
     stopped: list[str] = field(default_factory=list)  # host/role this run started and then stopped
+    restored: list[str] = field(default_factory=list)  # host/role back on their previous files, and how that went
     running: list[str] = field(default_factory=list)  # host/role left running after a failure
 
     def fail(self, why: str) -> None:
@@ -245,6 +249,8 @@ def _run(sessions: dict[str, HostSession], units: list[Unit], secrets: dict[str,
                 say(f"[{host.name}/{u.role.name}] unchanged and healthy (MainPID {state.main_pid}); not restarted")
                 continue
             to_start.setdefault(host.name, []).append(u)
+            if s.healthy.get(u.name) and not opts.keep_on_failure:
+                s.previous[u.name] = _current_files(s.remote, s.files[u.name])
             for path, (data, mode) in s.files[u.name].items():
                 if s.facts["files"].get(path) != want[path]:
                     s.remote.put(path, data, mode)
@@ -303,6 +309,19 @@ def _run(sessions: dict[str, HostSession], units: list[Unit], secrets: dict[str,
 
     _phase(sessions, smoke, units, result, cancel)
     _clean_up_failures(sessions, units, opts, result, outcomes, cancel)
+    _restore_previous(sessions, units, opts, result, outcomes, cancel)
+
+
+def _current_files(remote: Transport, files: dict[str, tuple[bytes, int]]) -> dict[str, tuple[bytes, int]]:
+    """The files a healthy unit runs from now, read before this deploy overwrites them (a failed
+    redeploy puts them back); {} if any cannot be read, so nothing half is restored."""
+    out: dict[str, tuple[bytes, int]] = {}
+    for path, (_, mode) in files.items():
+        res = remote.run(["cat", "--", path], check=False, timeout=30)
+        if res.rc != 0:
+            return {}
+        out[path] = (res.stdout.encode(), mode)
+    return out
 
 
 def _group_first(outcomes: list[UnitOutcome]) -> list[UnitOutcome]:
@@ -332,9 +351,11 @@ def _phase(sessions: dict[str, HostSession], fn: Any, units: list[Unit], result:
 
 def _clean_up_failures(sessions: dict[str, HostSession], units: list[Unit], opts: Options, result: DeployResult,
                        outcomes: dict[str, UnitOutcome], cancel: Cancel) -> None:
-    """In each failed deployment, stop what this run started (routers, then decode, then prefill)."""
+    """In each failed deployment of this batch, stop what this run started (routers, then decode, then
+    prefill); earlier batches' failures were dealt with in their own batch."""
+    this_batch = {u.deployment for u in units}
     for dep in result.deployments.values():
-        if dep.ok or cancel.is_set():
+        if dep.ok or cancel.is_set() or dep.name not in this_batch:
             continue
         mine = [o for o in outcomes.values() if o.unit.deployment == dep.name]
         # A unit that failed its own gate was already stopped if it still ran (start_and_gate).
@@ -358,3 +379,50 @@ def _clean_up_failures(sessions: dict[str, HostSession], units: list[Unit], opts
                 if o.ok:
                     o.message = "stopped: its deployment failed"
         dep.running = sorted(o.unit.key for o in mine if o.action == "unchanged")
+
+
+def _restore_previous(sessions: dict[str, HostSession], units: list[Unit], opts: Options, result: DeployResult,
+                      outcomes: dict[str, UnitOutcome], cancel: Cancel) -> None:
+    """A failed redeploy must not leave a deployment down that was serving before it: the units it
+    stopped that were healthy on their previous files get those files back, are started again
+    (engines, then routers) and gated like any start. What this says is in ``dep.restored``."""
+    this_batch = {u.deployment for u in units}
+    for dep in result.deployments.values():
+        if dep.ok or cancel.is_set() or dep.name not in this_batch or opts.keep_on_failure:
+            continue
+        # What this run (re)started there, stopped since or failed on its new files, and that served
+        # on the old ones before.
+        tried = {o.unit.key for o in outcomes.values() if o.unit.deployment == dep.name
+                 and o.action in ("started", "restarted", "failed")}
+        back = [u for u in units if u.deployment == dep.name and u.key in tried
+                and u.host.name in sessions and sessions[u.host.name].previous.get(u.name)]
+        if not back:
+            continue
+        for routers in (False, True):
+            _restore_wave(dep, sessions, [u for u in back if (u.role.engine == "sglang_router") == routers], opts,
+                          cancel)
+        dep.running.sort()
+
+
+def _restore_wave(dep: DeploymentOutcome, sessions: dict[str, HostSession], wave: list[Unit], opts: Options,
+                  cancel: Cancel) -> None:
+    def one(host: Host) -> None:
+        s = sessions[host.name]
+        mine = [u for u in wave if u.host.name == host.name]
+        for u in mine:
+            for path, (data, mode) in s.previous[u.name].items():
+                s.remote.put(path, data, mode)
+        s.supervisor.installed(s.remote)
+        # (the new run's failure stays the unit's outcome in the report; this says what followed)
+        for o in start_and_gate(s.remote, s.supervisor, mine, s.previous, s.states, opts, cancel):
+            words = "healthy again" if o.ok else \
+                f"FAILED again: {o.gate.cause.summary if o.gate and o.gate.cause else o.action}"
+            dep.restored.append(f"{o.unit.key} ({words})")
+            if o.ok:
+                if o.unit.key in dep.stopped:
+                    dep.stopped.remove(o.unit.key)
+                dep.running.append(o.unit.key)
+
+    for name, res in for_each_host(list({u.host.name: u.host for u in wave}.values()), one, cancel).items():
+        if isinstance(res, GpudeployError):
+            dep.restored += [f"{u.key} (FAILED: {res})" for u in wave if u.host.name == name]
