@@ -97,3 +97,21 @@ def test_a_stream_that_never_ends_is_cut_not_kept_whole() -> None:
         srv.server_close()
     assert got.status == 200 and len(got.events) == 500
     assert "past 500 events" in got.cut
+
+
+def test_the_host_asks_its_own_servers_at_the_address_they_listen_on() -> None:
+    # A NAT'd container often cannot reach the address we reach it by (no hairpin): the gate's HTTP
+    # on the host itself goes to the server's listening address instead.
+    from dataclasses import replace
+    from pathlib import Path
+
+    from gpudeploy.inventory import load_inventory
+    from gpudeploy.verify.http import local_url
+
+    inv = load_inventory(str(Path(__file__).resolve().parents[2] / "inventory" / "lab.yml"))
+    host = next(iter(inv.hosts.values()))
+    url = f"http://{host.address}:30000/health"
+    assert local_url(url, replace(host, bind_address="0.0.0.0")) == "http://127.0.0.1:30000/health"
+    assert local_url(url, replace(host, bind_address="10.9.8.7")) == "http://10.9.8.7:30000/health"
+    assert local_url(url, replace(host, bind_address="::")) == "http://[::1]:30000/health"
+    assert local_url("http://192.0.2.99:30000/health", host) == "http://192.0.2.99:30000/health"  # another host's

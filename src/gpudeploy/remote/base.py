@@ -86,6 +86,11 @@ class Transport(Protocol):
     def open_tcp(self, address: str, port: int, timeout: float) -> Socket: ...
 
 
+class ForwardingRefused(ConnectionRefusedError):
+    """The host's sshd refuses TCP channels altogether (``AllowTcpForwarding no``: "administratively
+    prohibited"), as opposed to nothing listening on the port yet."""
+
+
 def command_line(argv: list[str]) -> str:
     """argv as one remote shell command line, every word quoted."""
     return " ".join(shlex.quote(a) for a in argv)

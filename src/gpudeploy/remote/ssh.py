@@ -15,11 +15,12 @@ from typing import Any
 
 import fabric
 import paramiko
+from paramiko.common import OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED
 
 from ..errors import HostUnreachable, RemoteError
 from ..model import Host, SshConfig
 from . import trust
-from .base import Result, command_line
+from .base import ForwardingRefused, Result, command_line
 
 # paramiko logs each refused direct-tcpip channel (a health poll before the port is up) as an
 # error; with no handler Python prints those to stderr. The transport reports failures itself.
@@ -193,6 +194,9 @@ class Remote:
             chan: paramiko.Channel = transport.open_channel("direct-tcpip", (address, port), ("127.0.0.1", 0),
                                                             timeout=timeout)
         except paramiko.ChannelException as exc:  # the host could not connect: refused, no route
+            if exc.code == OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED:
+                raise ForwardingRefused(f"the ssh server of {self.host.name} refuses port forwarding "
+                                        f"({exc.text or 'administratively prohibited'})") from None
             raise ConnectionRefusedError(f"{address}:{port} from {self.host.name}: {exc}") from None
         except (paramiko.SSHException, EOFError) as exc:
             raise HostUnreachable(self.host.name, f"the ssh connection was lost: {exc}") from None

@@ -12,16 +12,21 @@ from __future__ import annotations
 import http.client
 import io
 import json
+import threading
 import time
 import urllib.error
 import urllib.request
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
 from ..errors import GpudeployError
-from ..remote.base import Socket, Transport
+from ..fanout import say
+from ..model import Host
+from ..remote.base import ForwardingRefused, Socket, Transport
+from . import onhost
 
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -82,6 +87,19 @@ class Response:
         return json.loads(self.body)
 
 
+def local_url(url: str, host: Host) -> str:
+    """``url`` as ``host`` itself reaches it: a server on the host's own address is asked at the
+    address it listens on there (127.0.0.1 for 0.0.0.0), never at the address we reach the host by,
+    which a NAT'd container often cannot reach from inside (no hairpin)."""
+    parts = urlsplit(url)
+    if parts.hostname != host.address:
+        return url
+    bind = host.bind_address
+    local = "127.0.0.1" if bind in ("", "0.0.0.0") else "[::1]" if bind == "::" else (  # noqa: S104
+        f"[{bind}]" if ":" in bind else bind)
+    return parts._replace(netloc=f"{local}:{parts.port or 80}").geturl()
+
+
 def _connection(url: str, timeout: float, via: Transport | None) -> tuple[http.client.HTTPConnection, str]:
     parts = urlsplit(url)
     path = parts.path + (f"?{parts.query}" if parts.query else "")
@@ -91,8 +109,33 @@ def _connection(url: str, timeout: float, via: Transport | None) -> tuple[http.c
     return conn, path or "/"
 
 
+# Hosts whose sshd refused a TCP channel: from then on their HTTP is made on the host itself.
+_REFUSED: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+_REFUSED_LOCK = threading.Lock()
+
+
+def path_of(via: Transport) -> str:
+    """How HTTP reaches the servers on ``via``'s host, in words."""
+    why = _REFUSED.get(via)
+    return f"made on the host itself ({why})" if why else "through the host's ssh connection (port forwarding)"
+
+
+def _refused(via: Transport, exc: ForwardingRefused) -> None:
+    with _REFUSED_LOCK:
+        first = via not in _REFUSED
+        _REFUSED[via] = str(exc)
+    if first:
+        say(f"[{via.host.name}] {exc}: gpudeploy makes its HTTP requests on the host itself, "
+            f"with {via.host.python or 'python3'}")
+
+
 def request(url: str, *, timeout: float, via: Transport | None = None, body: Any = None) -> Response | None:
     """GET (or POST ``body`` as JSON) ``url``; None when nothing answers, or not in HTTP."""
+    if via is not None:
+        url = local_url(url, via.host)
+        if via in _REFUSED:
+            got = onhost.request(via, "post" if body is not None else "get", url, body, timeout)
+            return Response(got.status, got.body.encode()) if got.status is not None else None
     conn, path = _connection(url, timeout, via)
     try:
         data = json.dumps(body).encode() if body is not None else None
@@ -100,6 +143,10 @@ def request(url: str, *, timeout: float, via: Transport | None = None, body: Any
                      headers={"Content-Type": "application/json"} if data is not None else {})
         resp = conn.getresponse()
         return Response(resp.status, resp.read())
+    except ForwardingRefused as exc:
+        assert via is not None
+        _refused(via, exc)
+        return request(url, timeout=timeout, via=via, body=body)
     except (OSError, http.client.HTTPException, ValueError, GpudeployError):
         # refused, reset, timed out, a port that speaks something else (BadStatusLine), a lost host
         return None
@@ -144,11 +191,20 @@ def stream_events(url: str, body: Any, *, timeout: float, via: Transport | None 
                   max_events: int = MAX_EVENTS, max_bytes: int = MAX_EVENT_BYTES) -> Streamed:
     """POST ``body`` and read a server-sent-event answer to its end (``data: [DONE]`` or close),
     for at most ``timeout`` seconds in all, ``max_events`` events and ``max_bytes`` of data."""
+    if via is not None:
+        url = local_url(url, via.host)
+        if via in _REFUSED:
+            return _stream_on_host(url, body, timeout, via, max_events, max_bytes)
     t0 = time.monotonic()
     deadline = t0 + timeout
     conn, path = _connection(url, timeout, via)
     try:
-        conn.request("POST", path, body=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+        try:
+            conn.request("POST", path, body=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+        except ForwardingRefused as exc:
+            assert via is not None
+            _refused(via, exc)
+            return _stream_on_host(url, body, timeout, via, max_events, max_bytes)
         resp = conn.getresponse()
         if resp.status != 200:
             return Streamed(resp.status, [], resp.read(2000).decode(errors="replace"), None,
@@ -166,16 +222,30 @@ def stream_events(url: str, body: Any, *, timeout: float, via: Transport | None 
             if len(events) >= max_events or size > max_bytes:
                 cut = f"the stream went on past {max_events} events or {max_bytes} bytes"
                 break
-            try:
-                events.append(json.loads(data))
-            except ValueError:
-                events.append(data)
+            events.append(_event(data))
             if time.monotonic() > deadline:
                 cut = f"the stream went on past {timeout:g} s"
                 break
         return Streamed(200, events, "", first, time.monotonic() - t0, cut)
     finally:
         conn.close()
+
+
+def _event(data: str) -> Any:
+    try:
+        return json.loads(data)
+    except ValueError:
+        return data
+
+
+def _stream_on_host(url: str, body: Any, timeout: float, via: Transport, max_events: int,
+                    max_bytes: int) -> Streamed:
+    got = onhost.request(via, "sse", url, body, timeout, max_events=max_events, max_bytes=max_bytes)
+    if got.status is None:
+        raise ConnectionError(got.error or "no answer")
+    if got.status != 200:
+        return Streamed(got.status, [], got.body, None, got.total_s)
+    return Streamed(200, [_event(e) for e in got.events], "", got.first_event_s, got.total_s, got.cut)
 
 
 def _sse_data(resp: http.client.HTTPResponse) -> Iterator[str]:

@@ -15,7 +15,7 @@ from ..remote import connect, openssh
 from ..supervisor import for_host
 from ..supervisor.base import UnitState
 from .causes import classify, log_format
-from .http import status_of
+from .http import local_url, status_of
 
 
 @dataclass
@@ -100,9 +100,9 @@ def host_status(host: Host, units: list[Unit], deployment_names: list[str], defa
     journal_lines = max([log_format(u.role.log_format).journal_lines for u in units] + [60])
     # Health, and each router's /workers, are read on the host itself: one round trip, and the
     # servers' ports need not be open to the operator's machine.
-    http = {u.name: u.health_url for u in units if u.health_url}
-    http.update({f"{u.name}#workers": f"http://{u.host.address}:{u.ports['http']}/workers" for u in units
-                 if u.role.engine == "sglang_router" and "http" in u.ports})
+    http = {u.name: local_url(u.health_url, host) for u in units if u.health_url}
+    http.update({f"{u.name}#workers": local_url(f"http://{u.host.address}:{u.ports['http']}/workers", host)
+                 for u in units if u.role.engine == "sglang_router" and "http" in u.ports})
     spec = {"units": [u.name for u in units], "deployments": deployment_names, "journal_lines": journal_lines,
             "http": http, "gpus": any(u.gpus for u in units)}
     if host.connection == "ssh" and openssh.available():
