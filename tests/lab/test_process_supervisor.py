@@ -133,3 +133,23 @@ def test_a_recorded_pid_that_belongs_to_another_process_now_is_never_signalled(d
         assert lab.ssh(HOST, f"test -e /proc/{bystander}").returncode == 0, "a process that is not ours was killed"
     finally:
         lab.ssh(HOST, f"kill {bystander}")
+
+
+def test_a_restart_ends_what_a_crashed_main_process_left_behind(deployments: Deployments, lab: Lab) -> None:
+    # The main PID died, its workers lived on (one in a session of its own): a restart did not stop
+    # them, the new run file dropped their tracking and a later stop said nothing was left.
+    inv = inventory(deployments, "psurv", {"srv": standin_role("leak-worker")})
+    assert gd("deploy", "--inventory", str(inv), "--host", HOST).returncode == 0
+    [unit] = status_json(inv)["hosts"][HOST]["units"]
+    old = [p for p in unit["pids"] if p != unit["main_pid"]]
+    ticks = start_ticks(lab, old)
+    lab.ssh(HOST, f"kill -9 {unit['main_pid']}", check=True)
+    wait_for(lambda: status_json(inv)["hosts"][HOST]["units"][0]["state"].startswith("failed"), 20,
+             "the killed main process to show")
+    assert [p for p in old if alive_exact(lab, p, ticks[p])], "the workers should outlive their main process"
+    res = gd("deploy", "--inventory", str(inv), "--host", HOST)
+    assert res.returncode == 0, res.stdout
+    assert "stopped what the previous run left behind when its main process died" in res.stdout, res.stdout
+    assert [p for p in old if alive_exact(lab, p, ticks[p])] == []
+    down = gd("teardown", "--inventory", str(inv), "--host", HOST)
+    assert down.returncode == 0 and "clean: no process left" in down.stdout, down.stdout
