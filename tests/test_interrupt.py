@@ -27,9 +27,12 @@ woke = threading.Event()
 cancel.watch(woke)
 interrupt.note("lab2/srv", "gpudeploy-t.srv.service MainPID 4242, still starting")
 threading.Thread(target=threading.Event().wait).start()  # a worker that never returns (not a daemon)
-print("ready", flush=True)
+told = False
 while True:  # every interruption is swallowed, as `except GpudeployError` once did
     try:
+        if not told:  # inside the try: the test's SIGINT may come at once
+            told = True
+            print("ready", flush=True)
         while True:
             time.sleep(0.01)
             if woke.is_set():
