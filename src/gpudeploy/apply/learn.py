@@ -12,6 +12,7 @@ from ..flagspec import save_learned
 from ..model import Host, Inventory
 from ..plan.flags import FlagsNotKnown
 from ..remote import connect
+from ..versions import same_release
 
 
 def learn(inv: Inventory, needed: list[FlagsNotKnown]) -> list[str]:
@@ -30,7 +31,7 @@ def learn(inv: Inventory, needed: list[FlagsNotKnown]) -> list[str]:
         learned = []
         for n in mine:
             found = (facts.get("versions", {}).get(n.python) or {}).get(n.program.replace("_", "-"))
-            if found is not None and found != n.version:
+            if found is not None and not same_release(str(found), n.version):
                 raise RemoteError(host.name, f"{n.python} has {n.program} {found}, not {n.version} as the inventory "
                                   "says; fix engine_versions")
             got = facts.get("help", {}).get(f"{n.python} {n.module}") or {}

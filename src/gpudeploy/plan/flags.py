@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import Problem
-from ..flagspec import FlagSpec, load_flags, supported_versions
+from ..flagspec import FlagSpec, load_flags, resolve, supported_versions
 from ..model import Host, Role
 
 SPELLINGS: dict[str, tuple[str, ...]] = {
@@ -46,7 +46,7 @@ def engine_version(host: Host, role: Role, problems: list[Problem]) -> str | Non
             line=host.where.line if host.where else None, host=host.name, role=role.name,
             key="engine_versions"))
         return None
-    if version not in known:
+    if resolve(program, version) is None:
         problems.append(FlagsNotKnown(
             f"{program} {version} is a release gpudeploy has not captured (it has the real --help of "
             f"{', '.join(known)}); `invoke deploy` reads its --help from {host.name} once and checks "
