@@ -12,7 +12,6 @@ Sources, per program and release, in ``gpudeploy/data/``:
 from __future__ import annotations
 
 import json
-import os
 import re
 from dataclasses import dataclass
 from functools import cache
@@ -20,8 +19,7 @@ from pathlib import Path
 from typing import Any
 
 DATA = Path(__file__).parent / "data"
-# The --help of releases gpudeploy has not captured, read from a host once by deploy and kept here.
-LEARNED = Path(os.environ.get("GPUDEPLOY_FLAGS_CACHE", Path.home() / ".cache" / "gpudeploy" / "flags"))
+# The --help of releases gpudeploy has not captured, read from a host, is kept by flagcache.py.
 
 # (program name as used in data file names) -> releases we ship captures of
 PROGRAMS = {
@@ -45,10 +43,6 @@ def _stem(program: str, version: str) -> str:
 def _files(program: str, version: str) -> tuple[Path, Path]:
     stem = _stem(program, version)
     return DATA / f"{stem}-flags.json", DATA / f"{stem}-help.txt"
-
-
-def learned_path(program: str, version: str) -> Path:
-    return LEARNED / f"{_stem(program, version)}-help.txt"
 
 
 def _suffixes(program: str) -> tuple[str, ...]:
@@ -92,42 +86,22 @@ def captured_versions(program: str) -> list[str]:
     return sorted(_versions(DATA, program), key=_sort_key)
 
 
-def supported_versions(program: str) -> list[str]:
-    """Releases gpudeploy can check flags for: captured, or learned from a host earlier."""
-    return sorted(_versions(DATA, program) | _versions(LEARNED, program), key=_sort_key)
+supported_versions = captured_versions  # the releases learned from hosts: flagcache.releases
 
 
 def resolve(program: str, version: str) -> str | None:
-    """How gpudeploy's files spell the release ``version`` is (PEP 440: ``0.5.23.0`` is ``0.5.23``,
-    ``0.5.23+cu128`` is not), or None when it has no --help of it. A captured one wins."""
-    for folder in (DATA, LEARNED):
-        known = _versions(folder, program)
-        if version in known:
-            return version
-        same = sorted((v for v in known if _same_release(v, version)), key=_sort_key)
-        if same:
-            return same[0]
-    return None
-
-
-def save_learned(program: str, version: str, help_text: str) -> dict[str, FlagSpec]:
-    """Keep a release's real ``--help`` read from a host; ValueError if it lists no option."""
-    flags = parse_help(help_text)
-    if len(flags) < 5:
-        raise ValueError(f"the --help of {program} {version} lists {len(flags)} options; it does not look like "
-                         "argparse output")
-    path = learned_path(program, version)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(help_text)
-    tmp.replace(path)
-    load_flags.cache_clear()
-    return flags
+    """How the captured files spell the release ``version`` is (PEP 440: ``0.5.23.0`` is ``0.5.23``,
+    ``0.5.23+cu128`` is not), or None when none is of it."""
+    known = _versions(DATA, program)
+    if version in known:
+        return version
+    same = sorted((v for v in known if _same_release(v, version)), key=_sort_key)
+    return same[0] if same else None
 
 
 @cache
 def load_flags(program: str, version: str) -> dict[str, FlagSpec]:
-    """Every option string of ``program`` at ``version``; KeyError if we have no capture of it."""
+    """Every option string of ``program`` at a captured ``version``; KeyError if we have no capture of it."""
     spelled = resolve(program, version)
     if spelled is None:
         raise KeyError(f"no captured flags for {program} {version}")
@@ -140,12 +114,7 @@ def load_flags(program: str, version: str) -> dict[str, FlagSpec]:
                            tuple(str(c) for c in v["choices"]) if v.get("choices") else None)
             for name, v in raw.items()
         }
-    if help_path.exists():
-        return parse_help(help_path.read_text())
-    learned = learned_path(program, version)
-    if learned.exists():
-        return parse_help(learned.read_text())
-    raise KeyError(f"no captured flags for {program} {version}")
+    return parse_help(help_path.read_text())
 
 
 _OPT_LINE = re.compile(r"^  (-[^ ].*?)(?:  +|$)")
