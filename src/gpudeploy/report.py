@@ -71,7 +71,7 @@ def plan_text(plan: Plan, *, show_files: bool = True) -> str:
         out.append(f"   engine   {u.role.engine} {u.engine_version or ''}".rstrip())
         learned = learned_flags(u)
         if learned is not None:
-            out.append(f"   flags    {learned.describe(u.host.name)}")
+            out.append(f"   flags    {learned.describe(u.host.name).removeprefix('flags ')}")
         out.append(f"   gpus     {gpus}   numa node {numa}   cpus {u.cpus or '-'}")
         if u.group is not None:
             g = u.group

@@ -76,7 +76,7 @@ def test_a_release_gpudeploy_has_not_captured_is_learned_from_the_hosts_help(dep
     assert list(json.loads(kept.read_text())["hosts"]) == ["lab3"]  # the host that taught it
     plan = json.loads(gd("plan", "--inventory", str(inv), "--json").stdout)  # now offline too
     assert plan["units"][0]["flags"]["learned_from"] == "lab3", plan["units"][0]["flags"]
-    assert "flags of sglang 0.5.99 learned from lab3 on " in gd("plan", "--inventory", str(inv)).stdout
+    assert "   flags    of sglang 0.5.99 learned from lab3 on " in gd("plan", "--inventory", str(inv)).stdout
     argv = plan["units"][0]["argv"]
     assert argv[argv.index("--cuda-graph-max-bs") + 1] == "16" and "--cuda-graph-max-bs-decode" not in argv
 
