@@ -40,10 +40,10 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError, Problem
+from ..inventory import role_overrides
 from ..yamlsrc import Checker, LineList, LineMap, load_yaml
 
 CLIENTS = ("sglang", "vllm")
-OVERRIDE_KEYS = {"settings", "env", "extra_args", "tp_size"}
 SLO_METRICS = tuple(f"{stat}_{metric}_ms" for stat in ("median", "p90", "p99")
                     for metric in ("ttft", "tpot", "itl", "e2el"))
 VARIANT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.=,+-]{0,80}")
@@ -141,28 +141,13 @@ def load_experiment(path: str | Path) -> Experiment:
 
 def _overrides(raw: Any, problems: list[Problem], file: str, prefix: str,
                line: int | None) -> dict[str, dict[str, Any]]:
+    """role -> its overrides, each checked by inventory.role_overrides: a variant passes the checks a
+    role file passes (reserved env names, env name syntax, control characters, value types)."""
     c = Checker(raw, problems, file, prefix=prefix, line=line)
     out: dict[str, dict[str, Any]] = {}
     for role, spec in c.data.items():
         rc = Checker(spec, problems, file, role=str(role), prefix=f"{prefix}{role}.", line=c.where(str(role)))
-        rc.unknown_keys(OVERRIDE_KEYS)
-        one: dict[str, Any] = {}
-        for section in ("settings", "env"):
-            value = rc.get(section, dict)
-            if value is not None:
-                one[section] = dict(value)
-        for k, v in (one.get("env") or {}).items():
-            if v is not None and not isinstance(v, (str, int, float)):
-                rc.fail(f"env values are strings, got {type(v).__name__}", f"env.{k}")
-        extra = rc.get("extra_args", list)
-        if extra is not None:
-            if not all(isinstance(a, (str, int, float)) and not isinstance(a, bool) for a in extra):
-                rc.fail("extra_args is a list of words", "extra_args")
-            one["extra_args"] = [str(a) for a in extra]
-        tp = rc.get("tp_size", int, check=lambda v: None if v >= 1 else "must be >= 1")
-        if tp is not None:
-            one["tp_size"] = tp
-        out[str(role)] = one
+        out[str(role)] = role_overrides(rc)
     return out
 
 
@@ -207,7 +192,9 @@ def _grid(top: Checker, problems: list[Problem], file: str, named: int) -> tuple
             problems.append(Problem("grid values are plain values (numbers, strings, true/false)", file=file,
                                     line=line, key=f"grid.{dim}"))
             continue
-        dims.append((dim, list(values), line))
+        checked = _dimension_values(dim, values, problems, file, line)
+        if checked is not None:
+            dims.append((dim, checked, line))
     total = 1
     for _, values, _ in dims:
         total *= len(values)
@@ -236,6 +223,23 @@ def _grid(top: Checker, problems: list[Problem], file: str, named: int) -> tuple
             name = f"grid-{named + len(points) + 1}"
         points.append(Variant(name, overrides, dims[0][2], grid=chosen, grid_index=tuple(index)))
     return tuple(d for d, _, _ in dims), points
+
+
+def _dimension_values(dim: str, values: list[Any], problems: list[Problem], file: str,
+                      line: int | None) -> list[Any] | None:
+    """A dimension's values, each checked as that one role key of a variant is (once per value, not
+    once per grid point); None if any is refused."""
+    m = DIMENSION_RE.fullmatch(dim)
+    assert m is not None
+    before = len(problems)
+    out = []
+    for value in values:
+        one = {m["section"]: {m["key"]: value}} if m["section"] else {"tp_size": value}
+        c = Checker(one, problems, file, role=m["role"], prefix=f"grid.{m['role']}.", line=line)
+        checked = role_overrides(c)
+        section = checked.get(m["section"]) if m["section"] else checked
+        out.append((section or {}).get(m["key"] if m["section"] else "tp_size", value))
+    return out if len(problems) == before else None
 
 
 def _positive_int(v: int) -> str | None:
