@@ -36,7 +36,7 @@ from ..remote import connect
 from ..remote.base import Result
 from ..report import memory_figures
 from ..verify.status import status
-from . import bench, choose
+from . import bench, benchdir, choose
 from .spec import Experiment
 from .store import RunRow, Store
 from .variants import Planned, plan_variants
@@ -110,8 +110,9 @@ def dry_run_lines(exp: Experiment, planned: list[Planned], targets: dict[str, be
         out += [f"   {w}" for w in p.warnings]
         for u in p.plan.units:
             out.append(f"   {u.key}: {shlex.join(u.argv)}")
-        folder = bench.run_dir(exp.name, v.name, "c{C}-r{R}-<time>")
-        out.append(f"   client on {t.host.name}: " + shlex.join(bench.client_argv(b, t, b.concurrency[0], folder)))
+        folder = f"{b.remote_dir}/{bench.run_prefix(exp.name, v.name, b.concurrency[0], 0)}XXXXXXXX"
+        out.append(f"   client on {t.host.name}, in a private run folder ({folder}): "
+                   + shlex.join(bench.client_argv(b, t, b.concurrency[0], folder)))
         if len(b.concurrency) > 1:
             out.append(f"   ... then --max-concurrency {', '.join(map(str, b.concurrency[1:]))}"
                        + (" while the SLO holds" if exp.slo else ""))
@@ -229,14 +230,14 @@ def _ladder(exp: Experiment, p: Planned, t: bench.Target, store: Store, say: Say
 def _run(exp: Experiment, p: Planned, t: bench.Target, store: Store, concurrency: int, repeat: int,
          say: Say) -> Death | None:
     b = exp.benchmark
-    folder = bench.run_dir(exp.name, p.variant.name, f"c{concurrency}-r{repeat}-{time.time_ns()}")
-    argv = bench.client_argv(b, t, concurrency, folder)
     started_wall = time.time()
     started = time.monotonic()
     box: dict[str, Any] = {}
     death: Death | None = None
     with connect(t.host) as remote:
-        remote.run(["mkdir", "-p", "-m", "0700", folder], timeout=30)
+        folder = benchdir.make_run_dir(remote, t.host, b.remote_dir,
+                                       bench.run_prefix(exp.name, p.variant.name, concurrency, repeat))
+        argv = bench.client_argv(b, t, concurrency, folder)
 
         def client() -> None:
             try:

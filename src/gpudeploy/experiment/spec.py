@@ -23,6 +23,7 @@ file:line; nothing is touched while reading it.
       seed: 1
       tokenizer: /models/x                 # default: the engine's model.path
       timeout_s: 600                       # one client run, at most
+      remote_dir: ~/.cache/gpudeploy/bench # its run folders' base on the router's host (see benchdir.py)
     slo: {p99_tpot_ms: 50, p99_ttft_ms: 2000}
     choose: {bisect: 2, stop_when_gain_below_percent: 5}
 
@@ -67,6 +68,7 @@ class Benchmark:
     tokenizer: str | None = None
     timeout_s: float = 600.0
     extra_args: tuple[str, ...] = ()
+    remote_dir: str = "~/.cache/gpudeploy/bench"  # the SSH user's own; never a shared place
 
 
 @dataclass(frozen=True)
@@ -248,7 +250,7 @@ def _positive_int(v: int) -> str | None:
 
 def _benchmark(c: Checker, problems: list[Problem]) -> Benchmark:
     c.unknown_keys({"client", "python", "backend", "dataset", "input_len", "output_len", "concurrency", "prompts",
-                    "warmup", "repeats", "seed", "tokenizer", "timeout_s", "extra_args"})
+                    "warmup", "repeats", "seed", "tokenizer", "timeout_s", "extra_args", "remote_dir"})
     ladder_raw = c.get("concurrency", list, default=[1, 4, 16])
     ladder: list[int] = []
     for v in ladder_raw or []:
@@ -274,6 +276,9 @@ def _benchmark(c: Checker, problems: list[Problem]) -> Benchmark:
         tokenizer=c.get("tokenizer", str),
         timeout_s=c.get("timeout_s", float, default=600.0, check=lambda v: None if v > 0 else "must be > 0"),
         extra_args=tuple(str(a) for a in extra),
+        remote_dir=c.get("remote_dir", str, default="~/.cache/gpudeploy/bench",
+                         check=lambda v: None if (v.startswith("/") or v.startswith("~/")) and v.isprintable()
+                         else "an absolute path or ~/PATH (the SSH user's home)"),
     )
 
 
