@@ -34,9 +34,11 @@ A variant overrides, per role: ``settings`` and ``env`` (merged key by key; ``nu
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -100,6 +102,24 @@ class Experiment:
     dimensions: tuple[str, ...] = ()  # the grid's, in order
 
 
+# Benchmark settings that change no figure a run measures (a time limit, where its files go): left out
+# of a variant's key, so changing them re-runs nothing.
+NOT_MEASURED = ("timeout_s", "remote_dir")
+
+
+def variant_key(overrides: dict[str, Any], benchmark: dict[str, Any]) -> str:
+    """What a variant is, for the store and --resume: a digest of its overrides and the benchmark
+    settings (``benchmark``: ``asdict(Benchmark)``, or the same as the store's meta has it). An
+    edited variant, or the same one under another benchmark, has another key; a grid point has the
+    same key whatever its name (``grid-N`` shifts when a variant is added)."""
+    doc = {"overrides": overrides, "benchmark": {k: v for k, v in benchmark.items() if k not in NOT_MEASURED}}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def key_of(exp: Experiment, v: Variant) -> str:
+    return variant_key(v.overrides, asdict(exp.benchmark))
+
+
 def load_experiment(path: str | Path) -> Experiment:
     """Parse and check the experiment file; InputError with every problem found, file:line each."""
     path = Path(path)
@@ -126,11 +146,17 @@ def load_experiment(path: str | Path) -> Experiment:
     elif not variants and not problems:
         top.fail("required key is missing: variants (or grid)", None)
     seen: dict[str, int | None] = {}
+    same: dict[str, Variant] = {}
     for v in variants:
         if v.name in seen:
             problems.append(Problem(f"variant {v.name!r} is named twice (first at line {seen[v.name]})",
                                     file=file, line=v.line, key="variants"))
         seen.setdefault(v.name, v.line)
+        twin = same.setdefault(json.dumps(v.overrides, sort_keys=True, default=str), v)
+        if twin is not v:
+            problems.append(Problem(f"variant {v.name!r} overrides exactly what {twin.name!r} (line {twin.line}) "
+                                    "does: it would measure the same thing", file=file, line=v.line,
+                                    key=f"variants.{v.name}" if not v.grid else "grid"))
     bench = _benchmark(top.child("benchmark", required=True), problems)
     slo = _slo(top.child("slo"))
     choose = _choose(top.child("choose"))
