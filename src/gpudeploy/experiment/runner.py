@@ -13,7 +13,9 @@
 already measured. A variant is known by its key (spec.variant_key: its overrides and the benchmark
 settings), so an edited variant runs again (and says so) and a grid point keeps its runs when the
 ``grid-N`` names shift. Ctrl-C leaves the store consistent (every write is a transaction) and says
-what is still running.
+what is still running. A benchmark that breaks off (the SSH connection dropped, the host did not
+answer) fails that variant with its cause, tears the deployment down and goes on with the next;
+when the teardown cannot be done the experiment stops and says what may still run.
 """
 
 from __future__ import annotations
@@ -57,6 +59,10 @@ Say = Callable[[str], None]
 class Death:
     unit: str
     cause: str
+
+
+class ExperimentStopped(GpudeployError):
+    """The experiment cannot go on safely (a deployment could not be torn down); the store is whole."""
 
 
 def run_experiment(exp: Experiment, *, resume: bool = False, dry_run: bool = False,
@@ -227,22 +233,46 @@ def _variant(exp: Experiment, index: int, p: Planned, key: str, t: bench.Target,
         return
     say(f"== {v.name}: ready in {deploy_s:.1f} s; benchmark through {t.through}"
         + (" (stand-in engines: synthetic token timing)" if t.synthetic else ""))
+    broke: GpudeployError | None = None
+    death = None
     try:
         death = _ladder(exp, p, key, t, store, say)
     except (KeyboardInterrupt, Interrupted):
         _interrupted(store, exp, p, key, t, "during the benchmark", say)
         raise
+    except GpudeployError as exc:  # the connection broke, the host did not answer: this variant's failure
+        broke = exc
+        store.finish_variant(key, "bench-failed", failure=f"the benchmark broke off: {exc}")
+        say(f"== {v.name}: BENCHMARK FAILED: {exc}\n   its finished runs are kept (--resume runs the rest); "
+            f"tearing {dep} down")
     try:
-        _teardown(p.plan, dep, say)
+        left = _teardown(p.plan, dep, say)
     except (KeyboardInterrupt, Interrupted):
         _interrupted(store, exp, p, key, t, "while tearing down", say)
         raise
-    if death:
+    if broke is None and death:
         store.finish_variant(key, "failed-under-load", failure=f"{death.unit}: {death.cause}")
         say(f"== {v.name}: FAILED UNDER LOAD: {death.unit}: {death.cause}")
-    else:
+    elif broke is None:
         store.finish_variant(key, "measured")
         say(f"== {v.name}: measured")
+    if left:
+        _stop(store, exp, p, t, left)
+    if broke is not None:
+        say(f"   {dep} is torn down; going on with the next variant")
+
+
+def _stop(store: Store, exp: Experiment, p: Planned, t: bench.Target, left: list[str]) -> None:
+    """The deployment could not be torn down: say what may still run, and stop (the next variant would
+    deploy over a state nobody knows)."""
+    dep = p.plan.units[0].deployment
+    what = _running_text(p)
+    raise ExperimentStopped(
+        f"stopped after variant {p.variant.name}: the teardown of deployment {dep} did not finish "
+        f"({'; '.join(left)}). {what}. `invoke teardown --inventory {shlex.quote(exp.inventory)} "
+        f"--deployment {dep}` stops it; `invoke experiment --file {shlex.quote(exp.file)} --resume` goes on "
+        f"(the store {store.path} holds every finished run; the client on {t.host.name} ends by itself within "
+        f"{exp.benchmark.timeout_s:g} s)")
 
 
 def _variant_score(store: Store, key: str, exp: Experiment) -> float | None:
@@ -357,6 +387,8 @@ def _dead_unit(plan: Plan) -> Death | None:
     hosts = list({u.host.name: u.host for u in plan.units}.values())
     try:
         results = status(plan, hosts)
+    except Interrupted:
+        raise  # Ctrl-C (an Interrupted is a GpudeployError): never taken for "the host did not answer"
     except GpudeployError:
         return None
     for host, res in results.items():
@@ -401,16 +433,59 @@ def _memory(outcomes: list[Any]) -> dict[str, Any]:
     return out
 
 
-def _teardown(plan: Plan, dep: str, say: Say) -> None:
+def _teardown(plan: Plan, dep: str, say: Say) -> list[str]:
+    """Tear the variant's deployment down; what could not be done, per host (empty: all clean)."""
     hosts = list({u.host.name: u.host for u in plan.units}.values())
-    results = teardown(plan, hosts, purge=False, deployments=[dep])
+    try:
+        results = teardown(plan, hosts, purge=False, deployments=[dep])
+    except Interrupted:
+        raise
+    except GpudeployError as exc:
+        say(f"   teardown of {dep} FAILED: {exc}")
+        return [str(exc)]
+    left = []
     for host, res in results.items():
         if isinstance(res, GpudeployError):
             say(f"   teardown on {host} FAILED: {res}")
+            left.append(str(res) if str(res).startswith(f"{host}:") else f"{host}: {res}")
             continue
         dirty = [o for o in res if not o.clean]
         if dirty:
             say(f"   teardown on {host}: NOT CLEAN: " + "; ".join(f"{o.role}: pids {o.left}" for o in dirty))
+            left.append(f"{host}: not clean")
+    return left
+
+
+def _still_running(p: Planned) -> tuple[list[Unit], list[str]]:
+    """The variant's units that status finds active or starting, and the hosts that did not answer
+    (what runs there is not known)."""
+    dep = p.plan.units[0].deployment
+    running: list[Unit] = []
+    unknown: list[str] = []
+    hosts = list({u.host.name: u.host for u in p.plan.units}.values())
+    try:
+        results = status(p.plan, hosts)
+    except Interrupted:
+        raise
+    except GpudeployError:
+        return [], [h.name for h in hosts]
+    for host, res in results.items():
+        if isinstance(res, GpudeployError):
+            unknown.append(host)
+            continue
+        running += [u for s in res for u in p.plan.units if u.host.name == host and s.deployment == dep
+                    and s.unit == u.name and s.state.startswith(("active", "activating", "deactivating"))]
+    return running, unknown
+
+
+def _running_text(p: Planned) -> str:
+    """What still runs of the variant's deployment, in a sentence."""
+    dep = p.plan.units[0].deployment
+    running, unknown = _still_running(p)
+    parts = [f"still running: {', '.join(u.key for u in running)} (deployment {dep})"] if running else []
+    if unknown:
+        parts.append(f"not known on {', '.join(unknown)} (it did not answer; its units of {dep} may still run)")
+    return "; ".join(parts) if parts else f"nothing of deployment {dep} is running"
 
 
 def _interrupted(store: Store, exp: Experiment, p: Planned, key: str, t: bench.Target, when: str,
@@ -419,22 +494,15 @@ def _interrupted(store: Store, exp: Experiment, p: Planned, key: str, t: bench.T
     and the user is told what still runs."""
     store.finish_variant(key, "interrupted", failure=f"interrupted {when}")
     dep = p.plan.units[0].deployment
-    running: list[Unit] = []
     try:
-        hosts = list({u.host.name: u.host for u in p.plan.units}.values())
-        for res in status(p.plan, hosts).values():
-            if not isinstance(res, GpudeployError):
-                running += [u for s in res for u in p.plan.units if s.deployment == dep and s.unit == u.name
-                            and s.state.startswith(("active", "activating"))]
-    except (GpudeployError, KeyboardInterrupt):
-        running = list(p.plan.units)
-    inv = exp.inventory
+        what = _running_text(p)
+    except (KeyboardInterrupt, Interrupted):  # Ctrl-C again while asking: the first one is raised on
+        what = f"what still runs of deployment {dep} is not known (interrupted while asking)"
     say(f"interrupted {when} of variant {p.variant.name}; the store ({store.path}) holds every finished run.")
-    if running:
-        say(f"still running: {', '.join(u.key for u in running)} (deployment {dep}): "
-            f"`invoke teardown --inventory {shlex.quote(inv)} --deployment {dep}` stops it")
+    if what.startswith("nothing"):
+        say(f"{what}.")
     else:
-        say(f"nothing of deployment {dep} is running.")
+        say(f"{what}: `invoke teardown --inventory {shlex.quote(exp.inventory)} --deployment {dep}` stops it")
     if when == "during the benchmark":
         say(f"the benchmark client on {t.host.name} ends by itself within "
             f"{exp.benchmark.timeout_s:g} s (it runs under timeout)")
