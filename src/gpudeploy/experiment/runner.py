@@ -388,7 +388,7 @@ def _dead_unit(plan: Plan) -> Death | None:
     try:
         results = status(plan, hosts)
     except Interrupted:
-        raise  # Ctrl-C (an Interrupted is a GpudeployError): never taken for "the host did not answer"
+        raise  # Ctrl-C, before any GpudeployError catch: never taken for "the host did not answer"
     except GpudeployError:
         return None
     for host, res in results.items():
