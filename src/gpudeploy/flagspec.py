@@ -1,6 +1,8 @@
 """The real command-line flags of each engine release we support, as data.
 
 Stdlib only: the stand-in engine imports this on lab hosts, where only Debian's python3 exists.
+Comparing releases the PEP 440 way needs ``packaging`` (``versions.py``), so that import is made
+inside the functions that compare, and without it (a lab host) a release matches only as written.
 
 Sources, per program and release, in ``gpudeploy/data/``:
   ``<program>-<version>-flags.json``  {"flags": {"--x": {"takes_value", "nargs", "choices"}}}
@@ -10,15 +12,14 @@ Sources, per program and release, in ``gpudeploy/data/``:
 from __future__ import annotations
 
 import json
-import os
 import re
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 DATA = Path(__file__).parent / "data"
-# The --help of releases gpudeploy has not captured, read from a host once by deploy and kept here.
-LEARNED = Path(os.environ.get("GPUDEPLOY_FLAGS_CACHE", Path.home() / ".cache" / "gpudeploy" / "flags"))
+# The --help of releases gpudeploy has not captured, read from a host, is kept by flagcache.py.
 
 # (program name as used in data file names) -> releases we ship captures of
 PROGRAMS = {
@@ -44,51 +45,67 @@ def _files(program: str, version: str) -> tuple[Path, Path]:
     return DATA / f"{stem}-flags.json", DATA / f"{stem}-help.txt"
 
 
-def learned_path(program: str, version: str) -> Path:
-    return LEARNED / f"{_stem(program, version)}-help.txt"
+def _suffixes(program: str) -> tuple[str, ...]:
+    middle = "-launch_server" if program == "sglang" else ""
+    return (f"{middle}-flags.json", f"{middle}-help.txt")
 
 
 def _versions(folder: Path, program: str) -> set[str]:
+    """The releases of ``program`` that ``folder`` has files of, as the file names spell them.
+
+    The release is what lies between ``<program>-`` and the known suffix, whatever it holds
+    (``0.5.24-cu128``, ``0.5.23+cu128``): a pattern of digits cut those short or missed them.
+    """
     found = set()
     for path in folder.glob(f"{program}-*") if folder.is_dir() else []:
-        m = re.match(rf"{re.escape(program)}-(\d+(?:\.\d+)+(?:\w*))-", path.name)
-        if m:
-            found.add(m.group(1))
+        for suffix in _suffixes(program):
+            version = path.name[len(program) + 1:-len(suffix)]
+            if path.name.endswith(suffix) and version:
+                found.add(version)
     return found
 
 
-def _order(v: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in re.findall(r"\d+", v))
+def _sort_key(version: str) -> tuple[Any, ...]:
+    try:
+        from .versions import sort_key  # packaging: the product has it, a lab host's python3 may not
+    except ImportError:
+        return (tuple(int(x) for x in re.findall(r"\d+", version)), version)
+    return sort_key(version)
+
+
+def _same_release(a: str, b: str) -> bool:
+    try:
+        from .versions import same_release
+    except ImportError:  # a lab host: only captured releases, named exactly
+        return a == b
+    return same_release(a, b)
 
 
 def captured_versions(program: str) -> list[str]:
     """Releases whose real --help ships with gpudeploy."""
-    return sorted(_versions(DATA, program), key=_order)
+    return sorted(_versions(DATA, program), key=_sort_key)
 
 
-def supported_versions(program: str) -> list[str]:
-    """Releases gpudeploy can check flags for: captured, or learned from a host earlier."""
-    return sorted(_versions(DATA, program) | _versions(LEARNED, program), key=_order)
+supported_versions = captured_versions  # the releases learned from hosts: flagcache.releases
 
 
-def save_learned(program: str, version: str, help_text: str) -> dict[str, FlagSpec]:
-    """Keep a release's real ``--help`` read from a host; ValueError if it lists no option."""
-    flags = parse_help(help_text)
-    if len(flags) < 5:
-        raise ValueError(f"the --help of {program} {version} lists {len(flags)} options; it does not look like "
-                         "argparse output")
-    path = learned_path(program, version)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(help_text)
-    tmp.replace(path)
-    load_flags.cache_clear()
-    return flags
+def resolve(program: str, version: str) -> str | None:
+    """How the captured files spell the release ``version`` is (PEP 440: ``0.5.23.0`` is ``0.5.23``,
+    ``0.5.23+cu128`` is not), or None when none is of it."""
+    known = _versions(DATA, program)
+    if version in known:
+        return version
+    same = sorted((v for v in known if _same_release(v, version)), key=_sort_key)
+    return same[0] if same else None
 
 
 @cache
 def load_flags(program: str, version: str) -> dict[str, FlagSpec]:
-    """Every option string of ``program`` at ``version``; KeyError if we have no capture of it."""
+    """Every option string of ``program`` at a captured ``version``; KeyError if we have no capture of it."""
+    spelled = resolve(program, version)
+    if spelled is None:
+        raise KeyError(f"no captured flags for {program} {version}")
+    version = spelled
     json_path, help_path = _files(program, version)
     if json_path.exists():
         raw = json.loads(json_path.read_text())["flags"]
@@ -97,12 +114,7 @@ def load_flags(program: str, version: str) -> dict[str, FlagSpec]:
                            tuple(str(c) for c in v["choices"]) if v.get("choices") else None)
             for name, v in raw.items()
         }
-    if help_path.exists():
-        return parse_help(help_path.read_text())
-    learned = learned_path(program, version)
-    if learned.exists():
-        return parse_help(learned.read_text())
-    raise KeyError(f"no captured flags for {program} {version}")
+    return parse_help(help_path.read_text())
 
 
 _OPT_LINE = re.compile(r"^  (-[^ ].*?)(?:  +|$)")

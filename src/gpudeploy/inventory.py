@@ -279,23 +279,23 @@ def load_role(path: Path, problems: list[Problem]) -> Role | None:
         c.fail("the command engine needs argv: the server's command line", "argv", line=c.line)
     if engine != "command" and argv:
         c.fail(f"argv is only for the command engine; engine {engine} builds its own", "argv")
-    extra = c.get("extra_args", list, default=[]) or []
+    extra = _extra_args(c)
     secret_env = c.get("secret_env", list, default=[]) or []
     for s in secret_env:
         if not isinstance(s, str) or not ENV_NAME_RE.fullmatch(s):
             c.fail(f"secret names are environment variable names, got {s!r}", "secret_env")
-    settings = c.get("settings", dict, default={}) or {}
+    settings = _settings(c)
     model = c.get("model", dict, default={}) or {}
     if engine == "sglang" and "path" not in model:
         c.fail("required key is missing (the model directory on the host)", "model.path",
                line=c.where("model"))
-    tp = c.get("tp_size", int, default=1, check=lambda v: None if v >= 1 else "must be >= 1")
+    tp = _tp_size(c, default=1) or 1
     nnodes = c.get("nnodes", int, default=1, check=lambda v: None if v >= 1 else "must be >= 1")
     if isinstance(nnodes, int) and nnodes > 1:
         if engine != "sglang":
             c.fail(f"only an sglang engine spans hosts; engine {engine} runs on one host", "nnodes")
-        elif isinstance(tp, int) and tp % nnodes:
-            c.fail(f"tp_size {tp} is the whole group's TP; it must split evenly over {nnodes} nodes", "nnodes")
+        elif isinstance(tp, int) and (split := tp_split_problem(tp, nnodes)):
+            c.fail(split, "nnodes")
     gpus = c.get("gpus", int, check=lambda v: None if v >= 0 else "must be >= 0")
     log_format = c.get("log_format", str, default="sglang",
                        check=lambda v: None if v in LOG_FORMATS else f"one of {', '.join(LOG_FORMATS)}")
@@ -313,7 +313,7 @@ def load_role(path: Path, problems: list[Problem]) -> Role | None:
         description=c.get("description", str, default="", check=lambda v: control_problem(v)),
         tp_size=tp, nnodes=nnodes, gpus=gpus, allow_span_numa=c.get("allow_span_numa", bool, default=False),
         version=str(c.data["version"]) if c.data.get("version") is not None else None,
-        model=dict(model), settings=dict(settings), extra_args=tuple(str(a) for a in extra),
+        model=dict(model), settings=dict(settings), extra_args=tuple(extra),
         argv=tuple(str(a) for a in argv), ports=ports, upstreams=upstreams,
         env=_env(c.get("env", dict, default={}) or {}, c, "env"),
         secret_env=tuple(str(s) for s in secret_env), health=health,
@@ -341,6 +341,55 @@ def _smoke(c: Checker, engine: str) -> Smoke | None:
         model=sc.get("model", str))
 
 
+# What an experiment variant may override of a role (experiment/spec.py), checked here so that a
+# variant's values pass exactly the checks a role file's do.
+OVERRIDABLE = ("settings", "env", "extra_args", "tp_size")
+
+
+def role_overrides(c: Checker) -> dict[str, Any]:
+    """A role's keys as a variant overrides them (``c``: that mapping, with its file and lines),
+    checked as :func:`load_role` checks a role file's; problems go to ``c``. ``null`` for a settings
+    or env key is kept as None: it removes the role's own key."""
+    c.unknown_keys(set(OVERRIDABLE))
+    out: dict[str, Any] = {}
+    if c.data.get("settings") is not None:
+        out["settings"] = _settings(c)
+    env = c.get("env", dict)
+    if env is not None:
+        out["env"] = _env(env, c, "env", removable=True)
+    if c.data.get("extra_args") is not None:
+        out["extra_args"] = list(_extra_args(c))
+    tp = _tp_size(c)
+    if tp is not None:
+        out["tp_size"] = tp
+    return out
+
+
+def tp_split_problem(tp: int, nnodes: int) -> str | None:
+    """A multi-node role's TP is the whole group's: it must split evenly over its nodes."""
+    if nnodes > 1 and tp % nnodes:
+        return f"tp_size {tp} is the whole group's TP; it must split evenly over {nnodes} nodes"
+    return None
+
+
+def _settings(c: Checker) -> dict[str, Any]:
+    # Values are checked where they become flags (plan/flags.py) or template input (a command role).
+    return dict(c.get("settings", dict, default={}) or {})
+
+
+def _extra_args(c: Checker) -> tuple[str, ...]:
+    extra = c.get("extra_args", list, default=[]) or []
+    if not all(isinstance(a, (str, int, float)) and not isinstance(a, bool) for a in extra):
+        c.fail("extra_args is a list of words", "extra_args")
+        return ()
+    return tuple(str(a) for a in extra)
+
+
+def _tp_size(c: Checker, default: int | None = None) -> int | None:
+    tp: int | None = c.get("tp_size", int, default=default, check=lambda v: None if v >= 1 else "must be >= 1")
+    return tp
+
+
 def _role_name_ok(name: str, c: Checker, line: int | None) -> bool:
     """A placed role names a file ``roles_dir/<name>.yml``: a plain name, never a path."""
     if NAME_RE.fullmatch(name):
@@ -349,18 +398,23 @@ def _role_name_ok(name: str, c: Checker, line: int | None) -> bool:
     return False
 
 
-def _env(raw: dict[str, Any], c: Checker, key: str) -> dict[str, str]:
-    out: dict[str, str] = {}
+def _env(raw: dict[str, Any], c: Checker, key: str, *, removable: bool = False) -> dict[str, Any]:
+    """Environment settings as strings (``true``/``false`` for booleans); with ``removable`` a None
+    value (YAML ``null``) is kept: it removes the key from what it overrides."""
+    out: dict[str, Any] = {}
     for k, v in raw.items():
+        line = raw.line_of(k) if isinstance(raw, LineMap) else c.where(key)
         if not ENV_NAME_RE.fullmatch(str(k)):
-            c.fail(f"{k!r} is not a valid environment variable name", key)
+            c.fail(f"{k!r} is not a valid environment variable name", key, line=line)
         elif str(k) in RESERVED_ENV:
             c.fail(f"{k} is set by gpudeploy ({RESERVED_ENV[str(k)]}); remove it from {key}", f"{key}.{k}",
-                   line=c.where(key))
+                   line=line)
+        elif v is None and removable:
+            out[str(k)] = None
         elif isinstance(v, (dict, list)) or v is None:
-            c.fail(f"value of {k} must be a string or number", key)
+            c.fail(f"value of {k} must be a string or number", key, line=line)
         elif control_problem(str(v)):
-            c.fail(f"value of {k}: {control_problem(str(v))}", f"{key}.{k}", line=c.where(key))
+            c.fail(f"value of {k}: {control_problem(str(v))}", f"{key}.{k}", line=line)
         else:
             out[str(k)] = str(v).lower() if isinstance(v, bool) else str(v)
     return out

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from .flagcache import Learned
 from .model import Plan, Unit
 from .plan.build import SECRET_MASK
+from .plan.flags import PROGRAM, flags_source
 from .plan.process_spec import numa_binding
 
 
@@ -36,9 +38,27 @@ def unit_json(u: Unit) -> dict[str, Any]:
         "health": {"url": u.health_url, "timeout_s": u.role.health.timeout_s},
         "files": dict(u.files),
         "memory": u.memory,
+        "flags": flags_json(u),
         "group": None if u.group is None else {"nnodes": u.group.nnodes, "rank": u.group.rank,
                                                "members": list(u.group.members), "dist_init": u.group.dist_init},
     }
+
+
+def learned_flags(u: Unit) -> Learned | None:
+    """The help text learned from a host that the unit's flags were checked against (None: captured)."""
+    program = PROGRAM.get(u.role.engine)
+    return flags_source(program, u.engine_version, u.host.name) if program and u.engine_version else None
+
+
+def flags_json(u: Unit) -> dict[str, Any] | None:
+    if not PROGRAM.get(u.role.engine) or not u.engine_version:
+        return None
+    learned = learned_flags(u)
+    if learned is None:
+        return {"source": "captured"}
+    teacher = learned.teacher(u.host.name)
+    return {"source": "learned", "release": learned.release, "sha256": learned.digest,
+            "learned_from": teacher[0] if teacher else None, "learned_at": teacher[1] if teacher else None}
 
 
 def plan_text(plan: Plan, *, show_files: bool = True) -> str:
@@ -50,6 +70,9 @@ def plan_text(plan: Plan, *, show_files: bool = True) -> str:
         gpus = ",".join(map(str, u.gpus)) or "-"
         numa = "-" if u.numa_node is None else str(u.numa_node)
         out.append(f"   engine   {u.role.engine} {u.engine_version or ''}".rstrip())
+        learned = learned_flags(u)
+        if learned is not None:
+            out.append(f"   flags    {learned.describe(u.host.name).removeprefix('flags ')}")
         out.append(f"   gpus     {gpus}   numa node {numa}   cpus {u.cpus or '-'}")
         bound = numa_binding(u)
         if bound is not None:

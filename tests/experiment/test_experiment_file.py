@@ -110,8 +110,8 @@ def test_dry_run_prints_each_variant_and_the_client_and_writes_nothing(tmp_path:
     assert "== low-fraction: SKIP, the memory preflight predicts it does not boot" in out, out
     assert "== more-requests: deploy, then benchmark through node171/router with sglang's client" in out, out
     # SGLang's own client, from the engines' interpreter (inventory python), against the router's port.
-    assert "/opt/sglang/.venv/bin/python -m sglang.bench_serving --backend sglang --base-url http://10.0.0.171:8000" \
-        in out, out
+    assert ("/opt/sglang/.venv/bin/python -s -m sglang.bench_serving --backend sglang "
+            "--base-url http://10.0.0.171:8000") in out, out  # -s: no user site-packages
     assert "--dataset-name random-ids" in out and "--output-file" in out, out
     assert "--max-running-requests 256" in out
     assert not (tmp_path / "results").exists()

@@ -64,16 +64,19 @@ def test_a_release_gpudeploy_has_not_captured_is_learned_from_the_hosts_help(dep
     role = standin_role(None, settings={"cuda_graph_max_bs": 16})
     inv = deployments.inventory("flrn", {"srv": role}, host="lab3",
                                 host_settings={"lab3": {"engine_versions": {"sglang": "0.5.99"}}})
-    learned = FLAGS_CACHE / "sglang-0.5.99-launch_server-help.txt"
-    learned.unlink(missing_ok=True)
+    for kept in (FLAGS_CACHE / "sglang").glob("0.5.99.*.json"):
+        kept.unlink()  # what an earlier run learned (by release and digest, see flagcache.py)
     offline = gd("plan", "--inventory", str(inv))
     assert offline.returncode == 1 and "sglang 0.5.99 is a release gpudeploy has not captured" in offline.stderr
     assert "`invoke deploy` reads its --help from lab3 once" in offline.stderr, offline.stderr
     res = gd("deploy", "--inventory", str(inv), "--host", "lab3")
     assert res.returncode == 0, res.stdout + res.stderr
     assert "[lab3] learned the flags of sglang 0.5.99 from its --help" in res.stdout, res.stdout
-    assert learned.is_file()
+    [kept] = (FLAGS_CACHE / "sglang").glob("0.5.99.*.json")
+    assert list(json.loads(kept.read_text())["hosts"]) == ["lab3"]  # the host that taught it
     plan = json.loads(gd("plan", "--inventory", str(inv), "--json").stdout)  # now offline too
+    assert plan["units"][0]["flags"]["learned_from"] == "lab3", plan["units"][0]["flags"]
+    assert "   flags    of sglang 0.5.99 learned from lab3 on " in gd("plan", "--inventory", str(inv)).stdout
     argv = plan["units"][0]["argv"]
     assert argv[argv.index("--cuda-graph-max-bs") + 1] == "16" and "--cuda-graph-max-bs-decode" not in argv
 

@@ -8,7 +8,9 @@
 The client runs on the router's host, against the router, so what it measures is what users of the
 deployment get. Its argv is a list (the transport quotes it); nothing from the experiment file is run
 through a shell. It runs under ``timeout`` (so it ends by itself, also when gpudeploy is gone) and with
-proxies off: benchmark traffic goes to the router and nowhere else.
+proxies off: benchmark traffic goes to the router and nowhere else. Its HOME, TMPDIR and caches are
+its own run folder (benchdir.py: private to the SSH user, made atomically), and its python runs
+with ``-s`` and PYTHONNOUSERSITE=1: no user site-packages, wherever HOME points.
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ from ..errors import InputError, Problem
 from ..model import Host, Plan, Unit
 from .spec import Benchmark, Experiment
 
-REMOTE_ROOT = "/var/tmp/gpudeploy-bench"  # on the router's host: one folder per run, removed after
 METRICS = ("ttft", "tpot", "itl", "e2el")
 KILL_AFTER_S = 10
 
@@ -87,8 +88,9 @@ def _served_name(engines: list[Unit]) -> str:
     return str(next((u.role.model.get("path") for u in engines if u.role.model.get("path")), "default"))
 
 
-def run_dir(experiment: str, variant: str, run: str) -> str:
-    return f"{REMOTE_ROOT}/{experiment}/{variant}/{run}"
+def run_prefix(experiment: str, variant: str, concurrency: int, repeat: int) -> str:
+    """The start of a run folder's name (benchdir.py adds a part nobody can guess)."""
+    return f"{experiment}.{variant}.c{concurrency}-r{repeat}."
 
 
 def result_path(t: Target, folder: str) -> str:
@@ -99,11 +101,12 @@ def client_argv(b: Benchmark, t: Target, concurrency: int, folder: str) -> list[
     """The whole command line of one run, with its environment and time limit in front."""
     env = ["/usr/bin/env", "-u", "http_proxy", "-u", "https_proxy", "-u", "HTTP_PROXY", "-u", "HTTPS_PROXY",
            "-u", "all_proxy", "-u", "ALL_PROXY", "NO_PROXY=*", "no_proxy=*", "HF_HUB_OFFLINE=1",
-           "TRANSFORMERS_OFFLINE=1", "VLLM_NO_USAGE_STATS=1", "DO_NOT_TRACK=1", f"HOME={folder}",
+           "TRANSFORMERS_OFFLINE=1", "VLLM_NO_USAGE_STATS=1", "DO_NOT_TRACK=1", "PYTHONNOUSERSITE=1",
+           f"HOME={folder}",
            f"TMPDIR={folder}", f"HF_HOME={folder}/hf", f"XDG_CACHE_HOME={folder}/cache"]
     limit = ["timeout", "-k", str(KILL_AFTER_S), f"{b.timeout_s:g}"]
     if t.client == "vllm":
-        head = [t.python, "-m", "vllm.entrypoints.cli.main"] if t.python else ["vllm"]
+        head = [t.python, "-s", "-m", "vllm.entrypoints.cli.main"] if t.python else ["vllm"]
         argv = [*head, "bench", "serve", "--backend", b.backend or ("vllm" if t.engine == "vllm" else "openai"),
                 "--base-url", t.url, "--endpoint", "/v1/completions", "--model", t.model, "--tokenizer", t.tokenizer,
                 "--dataset-name", b.dataset or "random", "--random-input-len", str(b.input_len),
@@ -113,7 +116,7 @@ def client_argv(b: Benchmark, t: Target, concurrency: int, folder: str) -> list[
                 "--percentile-metrics", ",".join(METRICS), "--metric-percentiles", "50,90,99",
                 "--save-result", "--result-dir", folder, "--result-filename", "result.json", "--disable-tqdm"]
     else:
-        argv = [t.python or "python3", "-m", "sglang.bench_serving", "--backend", b.backend or "sglang",
+        argv = [t.python or "python3", "-s", "-m", "sglang.bench_serving", "--backend", b.backend or "sglang",
                 "--base-url", t.url, "--model", t.model, "--tokenizer", t.tokenizer,
                 "--dataset-name", b.dataset or "random-ids", "--random-input-len", str(b.input_len),
                 "--random-output-len", str(b.output_len), "--random-range-ratio", "1",

@@ -10,12 +10,17 @@
     5. everything recorded (store.py), the deployment torn down, the next variant.
 
 ``--resume`` skips variants already finished and, in a variant that was interrupted, the levels
-already measured. Ctrl-C leaves the store consistent (every write is a transaction) and says what
-is still running.
+already measured. A variant is known by its key (spec.variant_key: its overrides and the benchmark
+settings), so an edited variant runs again (and says so) and a grid point keeps its runs when the
+``grid-N`` names shift. Ctrl-C leaves the store consistent (every write is a transaction) and says
+what is still running. A benchmark that breaks off (the SSH connection dropped, the host did not
+answer) fails that variant with its cause, tears the deployment down and goes on with the next;
+when the teardown cannot be done the experiment stops and says what may still run.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import statistics
@@ -36,8 +41,8 @@ from ..remote import connect
 from ..remote.base import Result
 from ..report import memory_figures
 from ..verify.status import status
-from . import bench, choose
-from .spec import Experiment
+from . import bench, benchdir, choose
+from .spec import Experiment, key_of
 from .store import RunRow, Store
 from .variants import Planned, plan_variants
 
@@ -56,11 +61,16 @@ class Death:
     cause: str
 
 
+class ExperimentStopped(GpudeployError):
+    """The experiment cannot go on safely (a deployment could not be torn down); the store is whole."""
+
+
 def run_experiment(exp: Experiment, *, resume: bool = False, dry_run: bool = False,
                    calibration: CalibrationStore | None = None, deploy_timeout_s: float | None = None,
                    say: Say = print) -> Store:
     """Run (or with ``dry_run`` show) the experiment; returns its store."""
     planned = plan_variants(exp, calibration)
+    keys = {p.variant.name: key_of(exp, p.variant) for p in planned}
     targets = {p.variant.name: bench.target(exp, p.plan) for p in planned}
     store = Store(exp.results_dir)
     if dry_run:
@@ -71,24 +81,67 @@ def run_experiment(exp: Experiment, *, resume: bool = False, dry_run: bool = Fal
         raise InputError([Problem(f"{store.path} already holds results of this experiment: --resume goes on "
                                   "with it (finished variants are not re-run); or move the folder away to start "
                                   "over", file=exp.file, key="results")])
+    for line in stored_mismatches(store, planned, keys):
+        say(line)
     store.set_meta(name=exp.name, file=exp.file, inventory=exp.inventory, deployment=exp.deployment,
                    benchmark=asdict(exp.benchmark), slo=exp.slo, choose=asdict(exp.choose),
-                   dimensions=list(exp.dimensions), variants=[p.variant.name for p in planned])
+                   dimensions=list(exp.dimensions), variants=[p.variant.name for p in planned],
+                   variant_keys=[keys[p.variant.name] for p in planned])
     finished = store.finished() if resume else set()
     for index, p in enumerate(planned):
-        v = p.variant
-        if v.name in finished:
-            row = store.variant(v.name) or {}
-            say(f"== {v.name}: already {row.get('status')}; not re-run (--resume)")
+        v, key = p.variant, keys[p.variant.name]
+        if key in finished:
+            row = store.variant(key) or {}
+            was = f" (as {row['name']}: the same overrides and benchmark)" if row.get("name") != v.name else ""
+            store.relabel(key, v.name, index)
+            say(f"== {v.name}: already {row.get('status')}{was}; not re-run (--resume)")
             continue
-        _variant(exp, index, p, targets[v.name], store, calibration, deploy_timeout_s, planned, say)
+        _variant(exp, index, p, key, targets[v.name], store, calibration, deploy_timeout_s, planned, keys, say)
     return store
+
+
+def stored_mismatches(store: Store, planned: list[Planned], keys: dict[str, str]) -> list[str]:
+    """What the store holds that no longer matches the experiment file, said plainly: a stored variant
+    whose name now means other overrides or benchmark settings (its runs are not reused), and stored
+    variants the file no longer defines (kept in the store, not shown)."""
+    rows = store.variants()
+    by_key = {r["key"]: r for r in rows}
+    wanted = set(keys.values())
+    out = []
+    for p in planned:
+        name, key = p.variant.name, keys[p.variant.name]
+        stale = [r for r in rows if r["name"] == name and r["key"] != key and r["key"] not in wanted]
+        if stale:
+            out.append(f"== {name}: the stored {name} was measured with other overrides or benchmark settings than "
+                       f"the file gives it now ({_difference(stale[0], p, store)}); its "
+                       f"{len(store.runs(stale[0]['key']))} runs are not reused: it runs again")
+        elif key not in by_key and any(r["name"] == name for r in rows):
+            moved = next(r for r in rows if r["name"] == name)
+            out.append(f"== {name}: the stored {name} is now {_name_of(moved['key'], keys)} (same overrides and "
+                       f"benchmark); {name} itself is new and runs")
+    names = set(keys)
+    gone = [r["name"] for r in rows if r["key"] not in wanted and r["name"] not in names]
+    if gone:
+        out.append(f"stored variants that no variant of the file matches any more (kept in {store.path}, not shown, "
+                   f"not reused): {', '.join(gone)}")
+    return out
+
+
+def _name_of(key: str, keys: dict[str, str]) -> str:
+    return next((n for n, k in keys.items() if k == key), "?")
+
+
+def _difference(row: dict[str, Any], p: Planned, store: Store) -> str:
+    if (row.get("overrides") or {}) != p.variant.overrides:
+        return f"overrides were {json.dumps(row.get('overrides') or {}, sort_keys=True)}"
+    return "the benchmark settings changed"
 
 
 def dry_run_lines(exp: Experiment, planned: list[Planned], targets: dict[str, bench.Target],
                   store: Store | None) -> list[str]:
     """What the experiment would run, in order; nothing is touched."""
     done = store.finished() if store else set()
+    keys = {p.variant.name: key_of(exp, p.variant) for p in planned}
     b = exp.benchmark
     out = [f"experiment {exp.name}: {len(planned)} variants of deployment "
            f"{planned[0].plan.units[0].deployment if planned and planned[0].plan.units else '?'}; results in "
@@ -96,10 +149,12 @@ def dry_run_lines(exp: Experiment, planned: list[Planned], targets: dict[str, be
            f"ladder {list(b.concurrency)}, {b.prompts} prompts per level x {b.repeats}, {b.input_len} in / "
            f"{b.output_len} out tokens" + (f"; SLO {', '.join(f'{k} <= {v:g}' for k, v in exp.slo.items())}, "
                                           f"then up to {exp.choose.bisect} bisection levels" if exp.slo else "")]
+    if store is not None:
+        out += stored_mismatches(store, planned, keys)
     for p in planned:
         v, t = p.variant, targets[p.variant.name]
         head = f"== {v.name}" + (f" ({', '.join(f'{d}={x}' for d, x in v.grid)})" if v.grid else "")
-        if v.name in done:
+        if keys[v.name] in done:
             out.append(f"{head}: already finished; --resume does not re-run it")
             continue
         if not p.boots:
@@ -110,8 +165,9 @@ def dry_run_lines(exp: Experiment, planned: list[Planned], targets: dict[str, be
         out += [f"   {w}" for w in p.warnings]
         for u in p.plan.units:
             out.append(f"   {u.key}: {shlex.join(u.argv)}")
-        folder = bench.run_dir(exp.name, v.name, "c{C}-r{R}-<time>")
-        out.append(f"   client on {t.host.name}: " + shlex.join(bench.client_argv(b, t, b.concurrency[0], folder)))
+        folder = f"{b.remote_dir}/{bench.run_prefix(exp.name, v.name, b.concurrency[0], 0)}XXXXXXXX"
+        out.append(f"   client on {t.host.name}, in a private run folder ({folder}): "
+                   + shlex.join(bench.client_argv(b, t, b.concurrency[0], folder)))
         if len(b.concurrency) > 1:
             out.append(f"   ... then --max-concurrency {', '.join(map(str, b.concurrency[1:]))}"
                        + (" while the SLO holds" if exp.slo else ""))
@@ -131,23 +187,26 @@ def _estimate_saved(store: Store, p: Planned) -> tuple[float, str]:
     return limit, "up to the gate's timeout: no deploy measured yet"
 
 
-def _variant(exp: Experiment, index: int, p: Planned, t: bench.Target, store: Store,
+def _variant(exp: Experiment, index: int, p: Planned, key: str, t: bench.Target, store: Store,
              calibration: CalibrationStore | None, deploy_timeout_s: float | None, planned: list[Planned],
-             say: Say) -> None:
+             keys: dict[str, str], say: Say) -> None:
     v = p.variant
-    scores = {row["name"]: _variant_score(store, row["name"], exp) for row in store.variants()}
-    skipped = {row["name"]: row["verdict"] or "" for row in store.variants() if row["status"] == "skipped"}
+    rows = {r["key"]: r for r in store.variants()}
+    scores = {q.variant.name: _variant_score(store, keys[q.variant.name], exp) for q in planned
+              if keys[q.variant.name] in rows}
+    skipped = {q.variant.name: rows[keys[q.variant.name]]["verdict"] or "" for q in planned
+               if rows.get(keys[q.variant.name], {}).get("status") == "skipped"}
     why = choose.stop_reason(v, [q.variant for q in planned], scores, skipped,
                              exp.choose.stop_when_gain_below_percent)
-    store.begin_variant(v.name, index, v.overrides, [list(g) for g in v.grid])
+    store.begin_variant(v.name, index, v.overrides, [list(g) for g in v.grid], key=key)
     if why:
-        store.finish_variant(v.name, "skipped", verdict=why)
+        store.finish_variant(key, "skipped", verdict=why)
         say(f"== {v.name}: SKIPPED: {why}")
         return
     if not p.boots:
         saved, basis = _estimate_saved(store, p)
         verdict = "; ".join(p.refusals)
-        store.finish_variant(v.name, "skipped", verdict=verdict, saved_s=saved)
+        store.finish_variant(key, "skipped", verdict=verdict, saved_s=saved)
         say(f"== {v.name}: SKIPPED, predicted not to boot: {verdict}\n   saved {duration(saved)} ({basis})")
         return
     dep = p.plan.units[0].deployment
@@ -156,61 +215,84 @@ def _variant(exp: Experiment, index: int, p: Planned, t: bench.Target, store: St
     try:
         result = deploy(p.plan, Options(timeout_s=deploy_timeout_s), calibration)
     except (KeyboardInterrupt, Interrupted):
-        _interrupted(store, exp, p, t, "while deploying", say)
+        _interrupted(store, exp, p, key, t, "while deploying", say)
         raise
     deploy_s = time.monotonic() - started
     outcome = result.deployments.get(dep)
     outcomes = [o for res in result.hosts.values() if not isinstance(res, GpudeployError) for o in res]
     units = [{"host": u.host.name, "role": u.role.name, "unit": u.name, "argv": list(u.argv), "env": u.env}
              for u in p.plan.units]
-    store.update_variant(v.name, units=units, engine=t.engine, client=t.client, synthetic=t.synthetic,
+    store.update_variant(key, units=units, engine=t.engine, client=t.client, synthetic=t.synthetic,
                          gpus=t.gpus, deploy_s=deploy_s, verdict="; ".join(p.warnings) or None,
                          engine_release=_release(p.plan, outcomes), memory=_memory(outcomes))
     if outcome is None or not outcome.ok:
         failure = outcome.failure if outcome else "; ".join(str(r) for r in result.hosts.values()
                                                             if isinstance(r, GpudeployError))
-        store.finish_variant(v.name, "deploy-failed", failure=failure)
+        store.finish_variant(key, "deploy-failed", failure=failure)
         say(f"== {v.name}: DEPLOY FAILED: {failure}")
         return
     say(f"== {v.name}: ready in {deploy_s:.1f} s; benchmark through {t.through}"
         + (" (stand-in engines: synthetic token timing)" if t.synthetic else ""))
+    broke: GpudeployError | None = None
+    death = None
     try:
-        death = _ladder(exp, p, t, store, say)
+        death = _ladder(exp, p, key, t, store, say)
     except (KeyboardInterrupt, Interrupted):
-        _interrupted(store, exp, p, t, "during the benchmark", say)
+        _interrupted(store, exp, p, key, t, "during the benchmark", say)
         raise
+    except GpudeployError as exc:  # the connection broke, the host did not answer: this variant's failure
+        broke = exc
+        store.finish_variant(key, "bench-failed", failure=f"the benchmark broke off: {exc}")
+        say(f"== {v.name}: BENCHMARK FAILED: {exc}\n   its finished runs are kept (--resume runs the rest); "
+            f"tearing {dep} down")
     try:
-        _teardown(p.plan, dep, say)
+        left = _teardown(p.plan, dep, say)
     except (KeyboardInterrupt, Interrupted):
-        _interrupted(store, exp, p, t, "while tearing down", say)
+        _interrupted(store, exp, p, key, t, "while tearing down", say)
         raise
-    if death:
-        store.finish_variant(v.name, "failed-under-load", failure=f"{death.unit}: {death.cause}")
+    if broke is None and death:
+        store.finish_variant(key, "failed-under-load", failure=f"{death.unit}: {death.cause}")
         say(f"== {v.name}: FAILED UNDER LOAD: {death.unit}: {death.cause}")
-    else:
-        store.finish_variant(v.name, "measured")
+    elif broke is None:
+        store.finish_variant(key, "measured")
         say(f"== {v.name}: measured")
+    if left:
+        _stop(store, exp, p, t, left)
+    if broke is not None:
+        say(f"   {dep} is torn down; going on with the next variant")
 
 
-def _variant_score(store: Store, name: str, exp: Experiment) -> float | None:
-    return choose.score(levels_of(store, name), exp.slo)
+def _stop(store: Store, exp: Experiment, p: Planned, t: bench.Target, left: list[str]) -> None:
+    """The deployment could not be torn down: say what may still run, and stop (the next variant would
+    deploy over a state nobody knows)."""
+    dep = p.plan.units[0].deployment
+    what = _running_text(p)
+    raise ExperimentStopped(
+        f"stopped after variant {p.variant.name}: the teardown of deployment {dep} did not finish "
+        f"({'; '.join(left)}). {what}. `invoke teardown --inventory {shlex.quote(exp.inventory)} "
+        f"--deployment {dep}` stops it; `invoke experiment --file {shlex.quote(exp.file)} --resume` goes on "
+        f"(the store {store.path} holds every finished run; the client on {t.host.name} ends by itself within "
+        f"{exp.benchmark.timeout_s:g} s)")
 
 
-def levels_of(store: Store, name: str) -> dict[int, dict[str, Any]]:
-    """concurrency -> the aggregated figures of its finished runs."""
+def _variant_score(store: Store, key: str, exp: Experiment) -> float | None:
+    return choose.score(levels_of(store, key), exp.slo)
+
+
+def levels_of(store: Store, key: str) -> dict[int, dict[str, Any]]:
+    """concurrency -> the aggregated figures of the finished runs of the variant ``key``."""
     by: dict[int, list[dict[str, Any]]] = {}
-    for r in store.runs(name):
+    for r in store.runs(key):
         if r.ok:
             by.setdefault(r.concurrency, []).append(r.figures)
     return {c: choose.aggregate(runs) for c, runs in by.items()}
 
 
-def _ladder(exp: Experiment, p: Planned, t: bench.Target, store: Store, say: Say) -> Death | None:
+def _ladder(exp: Experiment, p: Planned, key: str, t: bench.Target, store: Store, say: Say) -> Death | None:
     b = exp.benchmark
-    name = p.variant.name
-    done = {(r.concurrency, r.repeat) for r in store.runs(name) if r.ok}
+    done = {(r.concurrency, r.repeat) for r in store.runs(key) if r.ok}
     while True:
-        levels = levels_of(store, name)
+        levels = levels_of(store, key)
         met = {c: not choose.misses(f, exp.slo) for c, f in levels.items()}
         c = choose.next_level(b.concurrency, met, bool(exp.slo), exp.choose.bisect)
         if c is None:
@@ -218,25 +300,25 @@ def _ladder(exp: Experiment, p: Planned, t: bench.Target, store: Store, say: Say
         for repeat in range(b.repeats):
             if (c, repeat) in done:
                 continue
-            death = _run(exp, p, t, store, c, repeat, say)
+            death = _run(exp, p, key, t, store, c, repeat, say)
             if death:
                 return death
-        if not levels_of(store, name).get(c):
+        if not levels_of(store, key).get(c):
             say(f"   c={c}: no result from the client; the ladder stops here")
             return None
 
 
-def _run(exp: Experiment, p: Planned, t: bench.Target, store: Store, concurrency: int, repeat: int,
+def _run(exp: Experiment, p: Planned, key: str, t: bench.Target, store: Store, concurrency: int, repeat: int,
          say: Say) -> Death | None:
     b = exp.benchmark
-    folder = bench.run_dir(exp.name, p.variant.name, f"c{concurrency}-r{repeat}-{time.time_ns()}")
-    argv = bench.client_argv(b, t, concurrency, folder)
     started_wall = time.time()
     started = time.monotonic()
     box: dict[str, Any] = {}
     death: Death | None = None
     with connect(t.host) as remote:
-        remote.run(["mkdir", "-p", "-m", "0700", folder], timeout=30)
+        folder = benchdir.make_run_dir(remote, t.host, b.remote_dir,
+                                       bench.run_prefix(exp.name, p.variant.name, concurrency, repeat))
+        argv = bench.client_argv(b, t, concurrency, folder)
 
         def client() -> None:
             try:
@@ -278,7 +360,7 @@ def _run(exp: Experiment, p: Planned, t: bench.Target, store: Store, concurrency
         except ValueError as exc:
             log += f"\ngpudeploy: the result file could not be read: {exc}\n"
     store.record_run(RunRow(p.variant.name, concurrency, repeat, ok, f"{death.unit}: {death.cause}" if death else None,
-                            argv, None, figures, started_wall, wall), raw, log)
+                            argv, None, figures, started_wall, wall, key), raw, log)
     if ok:
         misses = choose.misses(figures, exp.slo)
         say(f"   c={concurrency} r{repeat}: {_brief(figures)}" + (f"  SLO missed: {'; '.join(misses)}" if misses
@@ -305,6 +387,8 @@ def _dead_unit(plan: Plan) -> Death | None:
     hosts = list({u.host.name: u.host for u in plan.units}.values())
     try:
         results = status(plan, hosts)
+    except Interrupted:
+        raise  # Ctrl-C, before any GpudeployError catch: never taken for "the host did not answer"
     except GpudeployError:
         return None
     for host, res in results.items():
@@ -349,39 +433,76 @@ def _memory(outcomes: list[Any]) -> dict[str, Any]:
     return out
 
 
-def _teardown(plan: Plan, dep: str, say: Say) -> None:
+def _teardown(plan: Plan, dep: str, say: Say) -> list[str]:
+    """Tear the variant's deployment down; what could not be done, per host (empty: all clean)."""
     hosts = list({u.host.name: u.host for u in plan.units}.values())
-    results = teardown(plan, hosts, purge=False, deployments=[dep])
+    try:
+        results = teardown(plan, hosts, purge=False, deployments=[dep])
+    except Interrupted:
+        raise
+    except GpudeployError as exc:
+        say(f"   teardown of {dep} FAILED: {exc}")
+        return [str(exc)]
+    left = []
     for host, res in results.items():
         if isinstance(res, GpudeployError):
             say(f"   teardown on {host} FAILED: {res}")
+            left.append(str(res) if str(res).startswith(f"{host}:") else f"{host}: {res}")
             continue
         dirty = [o for o in res if not o.clean]
         if dirty:
             say(f"   teardown on {host}: NOT CLEAN: " + "; ".join(f"{o.role}: pids {o.left}" for o in dirty))
+            left.append(f"{host}: not clean")
+    return left
 
 
-def _interrupted(store: Store, exp: Experiment, p: Planned, t: bench.Target, when: str, say: Say) -> None:
-    """Ctrl-C: the variant is marked interrupted (--resume runs it again, keeping its finished levels),
-    and the user is told what still runs."""
-    store.finish_variant(p.variant.name, "interrupted", failure=f"interrupted {when}")
+def _still_running(p: Planned) -> tuple[list[Unit], list[str]]:
+    """The variant's units that status finds active or starting, and the hosts that did not answer
+    (what runs there is not known)."""
     dep = p.plan.units[0].deployment
     running: list[Unit] = []
+    unknown: list[str] = []
+    hosts = list({u.host.name: u.host for u in p.plan.units}.values())
     try:
-        hosts = list({u.host.name: u.host for u in p.plan.units}.values())
-        for res in status(p.plan, hosts).values():
-            if not isinstance(res, GpudeployError):
-                running += [u for s in res for u in p.plan.units if s.deployment == dep and s.unit == u.name
-                            and s.state.startswith(("active", "activating"))]
-    except (GpudeployError, KeyboardInterrupt):
-        running = list(p.plan.units)
-    inv = exp.inventory
+        results = status(p.plan, hosts)
+    except Interrupted:
+        raise
+    except GpudeployError:
+        return [], [h.name for h in hosts]
+    for host, res in results.items():
+        if isinstance(res, GpudeployError):
+            unknown.append(host)
+            continue
+        running += [u for s in res for u in p.plan.units if u.host.name == host and s.deployment == dep
+                    and s.unit == u.name and s.state.startswith(("active", "activating", "deactivating"))]
+    return running, unknown
+
+
+def _running_text(p: Planned) -> str:
+    """What still runs of the variant's deployment, in a sentence."""
+    dep = p.plan.units[0].deployment
+    running, unknown = _still_running(p)
+    parts = [f"still running: {', '.join(u.key for u in running)} (deployment {dep})"] if running else []
+    if unknown:
+        parts.append(f"not known on {', '.join(unknown)} (it did not answer; its units of {dep} may still run)")
+    return "; ".join(parts) if parts else f"nothing of deployment {dep} is running"
+
+
+def _interrupted(store: Store, exp: Experiment, p: Planned, key: str, t: bench.Target, when: str,
+                 say: Say) -> None:
+    """Ctrl-C: the variant is marked interrupted (--resume runs it again, keeping its finished levels),
+    and the user is told what still runs."""
+    store.finish_variant(key, "interrupted", failure=f"interrupted {when}")
+    dep = p.plan.units[0].deployment
+    try:
+        what = _running_text(p)
+    except (KeyboardInterrupt, Interrupted):  # Ctrl-C again while asking: the first one is raised on
+        what = f"what still runs of deployment {dep} is not known (interrupted while asking)"
     say(f"interrupted {when} of variant {p.variant.name}; the store ({store.path}) holds every finished run.")
-    if running:
-        say(f"still running: {', '.join(u.key for u in running)} (deployment {dep}): "
-            f"`invoke teardown --inventory {shlex.quote(inv)} --deployment {dep}` stops it")
+    if what.startswith("nothing"):
+        say(f"{what}.")
     else:
-        say(f"nothing of deployment {dep} is running.")
+        say(f"{what}: `invoke teardown --inventory {shlex.quote(exp.inventory)} --deployment {dep}` stops it")
     if when == "during the benchmark":
         say(f"the benchmark client on {t.host.name} ends by itself within "
             f"{exp.benchmark.timeout_s:g} s (it runs under timeout)")

@@ -17,8 +17,13 @@ def summary(store: Store) -> dict[str, Any]:
     slo: dict[str, float] = meta.get("slo") or {}
     runs = store.runs()
     variants = []
-    for v in store.variants():
-        mine = [r for r in runs if r.variant == v["name"]]
+    current = store.current()
+    keys = {v["key"] for v in current}
+    names = {v["name"] for v in current}
+    stale = [v["name"] + (" (its earlier definition)" if v["name"] in names else "")
+             for v in store.variants() if v["key"] not in keys]
+    for v in current:
+        mine = [r for r in runs if r.variant_key == v["key"]]
         by: dict[int, list[Any]] = {}
         for r in mine:
             by.setdefault(r.concurrency, []).append(r)
@@ -35,7 +40,7 @@ def summary(store: Store) -> dict[str, Any]:
         measured = {lv["concurrency"]: lv["figures"] for lv in levels if lv["repeats"]}
         best_c = choose.best_level(measured, slo) if v["status"] == "measured" else None
         variants.append({
-            "name": v["name"], "status": v["status"], "grid": v["grid"], "overrides": v["overrides"],
+            "name": v["name"], "key": v["key"], "status": v["status"], "grid": v["grid"], "overrides": v["overrides"],
             "verdict": v["verdict"], "failure": v["failure"],
             "saved_min": round(v["saved_s"] / 60, 3) if v.get("saved_s") else None,
             "engine": v["engine"], "engine_release": v["engine_release"], "client": v["client"],
@@ -54,6 +59,7 @@ def summary(store: Store) -> dict[str, Any]:
                      "output_tok_s_per_gpu": best["score_tok_s_per_gpu"], "timing": best["timing"]} if best else None,
             "minutes_saved_by_preflight": round(saved, 3),  # as each variant's saved_min
             "synthetic_note": SYNTHETIC if any(v["synthetic"] for v in variants) else None,
+            "stale": stale,  # stored variants the experiment file (as it last ran) no longer defines
             "variants": variants}
 
 
@@ -115,6 +121,9 @@ def table(doc: dict[str, Any]) -> str:
     if doc["minutes_saved_by_preflight"]:
         lines.append(f"the memory preflight saved {_duration(doc['minutes_saved_by_preflight'] * 60)} of deploys "
                      "that would not have booted")
+    if doc.get("stale"):
+        lines.append(f"not shown: stored variants whose definition the experiment file no longer has: "
+                     f"{', '.join(doc['stale'])}")
     if doc.get("synthetic_note"):
         lines.append(f"timing {doc['synthetic_note']}")
     lines.append("/GPU: output tok/s per GPU (per engine for a CPU engine); /USER: a request's output tokens / its "

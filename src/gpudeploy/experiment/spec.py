@@ -23,6 +23,7 @@ file:line; nothing is touched while reading it.
       seed: 1
       tokenizer: /models/x                 # default: the engine's model.path
       timeout_s: 600                       # one client run, at most
+      remote_dir: ~/.cache/gpudeploy/bench # its run folders' base on the router's host (see benchdir.py)
     slo: {p99_tpot_ms: 50, p99_ttft_ms: 2000}
     choose: {bisect: 2, stop_when_gain_below_percent: 5}
 
@@ -33,17 +34,19 @@ A variant overrides, per role: ``settings`` and ``env`` (merged key by key; ``nu
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import InputError, Problem
+from ..inventory import role_overrides
 from ..yamlsrc import Checker, LineList, LineMap, load_yaml
 
 CLIENTS = ("sglang", "vllm")
-OVERRIDE_KEYS = {"settings", "env", "extra_args", "tp_size"}
 SLO_METRICS = tuple(f"{stat}_{metric}_ms" for stat in ("median", "p90", "p99")
                     for metric in ("ttft", "tpot", "itl", "e2el"))
 VARIANT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.=,+-]{0,80}")
@@ -67,6 +70,7 @@ class Benchmark:
     tokenizer: str | None = None
     timeout_s: float = 600.0
     extra_args: tuple[str, ...] = ()
+    remote_dir: str = "~/.cache/gpudeploy/bench"  # the SSH user's own; never a shared place
 
 
 @dataclass(frozen=True)
@@ -98,6 +102,24 @@ class Experiment:
     dimensions: tuple[str, ...] = ()  # the grid's, in order
 
 
+# Benchmark settings that change no figure a run measures (a time limit, where its files go): left out
+# of a variant's key, so changing them re-runs nothing.
+NOT_MEASURED = ("timeout_s", "remote_dir")
+
+
+def variant_key(overrides: dict[str, Any], benchmark: dict[str, Any]) -> str:
+    """What a variant is, for the store and --resume: a digest of its overrides and the benchmark
+    settings (``benchmark``: ``asdict(Benchmark)``, or the same as the store's meta has it). An
+    edited variant, or the same one under another benchmark, has another key; a grid point has the
+    same key whatever its name (``grid-N`` shifts when a variant is added)."""
+    doc = {"overrides": overrides, "benchmark": {k: v for k, v in benchmark.items() if k not in NOT_MEASURED}}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def key_of(exp: Experiment, v: Variant) -> str:
+    return variant_key(v.overrides, asdict(exp.benchmark))
+
+
 def load_experiment(path: str | Path) -> Experiment:
     """Parse and check the experiment file; InputError with every problem found, file:line each."""
     path = Path(path)
@@ -124,11 +146,17 @@ def load_experiment(path: str | Path) -> Experiment:
     elif not variants and not problems:
         top.fail("required key is missing: variants (or grid)", None)
     seen: dict[str, int | None] = {}
+    same: dict[str, Variant] = {}
     for v in variants:
         if v.name in seen:
             problems.append(Problem(f"variant {v.name!r} is named twice (first at line {seen[v.name]})",
                                     file=file, line=v.line, key="variants"))
         seen.setdefault(v.name, v.line)
+        twin = same.setdefault(json.dumps(v.overrides, sort_keys=True, default=str), v)
+        if twin is not v:
+            problems.append(Problem(f"variant {v.name!r} overrides exactly what {twin.name!r} (line {twin.line}) "
+                                    "does: it would measure the same thing", file=file, line=v.line,
+                                    key=f"variants.{v.name}" if not v.grid else "grid"))
     bench = _benchmark(top.child("benchmark", required=True), problems)
     slo = _slo(top.child("slo"))
     choose = _choose(top.child("choose"))
@@ -141,28 +169,13 @@ def load_experiment(path: str | Path) -> Experiment:
 
 def _overrides(raw: Any, problems: list[Problem], file: str, prefix: str,
                line: int | None) -> dict[str, dict[str, Any]]:
+    """role -> its overrides, each checked by inventory.role_overrides: a variant passes the checks a
+    role file passes (reserved env names, env name syntax, control characters, value types)."""
     c = Checker(raw, problems, file, prefix=prefix, line=line)
     out: dict[str, dict[str, Any]] = {}
     for role, spec in c.data.items():
         rc = Checker(spec, problems, file, role=str(role), prefix=f"{prefix}{role}.", line=c.where(str(role)))
-        rc.unknown_keys(OVERRIDE_KEYS)
-        one: dict[str, Any] = {}
-        for section in ("settings", "env"):
-            value = rc.get(section, dict)
-            if value is not None:
-                one[section] = dict(value)
-        for k, v in (one.get("env") or {}).items():
-            if v is not None and not isinstance(v, (str, int, float)):
-                rc.fail(f"env values are strings, got {type(v).__name__}", f"env.{k}")
-        extra = rc.get("extra_args", list)
-        if extra is not None:
-            if not all(isinstance(a, (str, int, float)) and not isinstance(a, bool) for a in extra):
-                rc.fail("extra_args is a list of words", "extra_args")
-            one["extra_args"] = [str(a) for a in extra]
-        tp = rc.get("tp_size", int, check=lambda v: None if v >= 1 else "must be >= 1")
-        if tp is not None:
-            one["tp_size"] = tp
-        out[str(role)] = one
+        out[str(role)] = role_overrides(rc)
     return out
 
 
@@ -207,7 +220,9 @@ def _grid(top: Checker, problems: list[Problem], file: str, named: int) -> tuple
             problems.append(Problem("grid values are plain values (numbers, strings, true/false)", file=file,
                                     line=line, key=f"grid.{dim}"))
             continue
-        dims.append((dim, list(values), line))
+        checked = _dimension_values(dim, values, problems, file, line)
+        if checked is not None:
+            dims.append((dim, checked, line))
     total = 1
     for _, values, _ in dims:
         total *= len(values)
@@ -238,13 +253,30 @@ def _grid(top: Checker, problems: list[Problem], file: str, named: int) -> tuple
     return tuple(d for d, _, _ in dims), points
 
 
+def _dimension_values(dim: str, values: list[Any], problems: list[Problem], file: str,
+                      line: int | None) -> list[Any] | None:
+    """A dimension's values, each checked as that one role key of a variant is (once per value, not
+    once per grid point); None if any is refused."""
+    m = DIMENSION_RE.fullmatch(dim)
+    assert m is not None
+    before = len(problems)
+    out = []
+    for value in values:
+        one = {m["section"]: {m["key"]: value}} if m["section"] else {"tp_size": value}
+        c = Checker(one, problems, file, role=m["role"], prefix=f"grid.{m['role']}.", line=line)
+        checked = role_overrides(c)
+        section = checked.get(m["section"]) if m["section"] else checked
+        out.append((section or {}).get(m["key"] if m["section"] else "tp_size", value))
+    return out if len(problems) == before else None
+
+
 def _positive_int(v: int) -> str | None:
     return None if v >= 1 else "must be >= 1"
 
 
 def _benchmark(c: Checker, problems: list[Problem]) -> Benchmark:
     c.unknown_keys({"client", "python", "backend", "dataset", "input_len", "output_len", "concurrency", "prompts",
-                    "warmup", "repeats", "seed", "tokenizer", "timeout_s", "extra_args"})
+                    "warmup", "repeats", "seed", "tokenizer", "timeout_s", "extra_args", "remote_dir"})
     ladder_raw = c.get("concurrency", list, default=[1, 4, 16])
     ladder: list[int] = []
     for v in ladder_raw or []:
@@ -270,6 +302,9 @@ def _benchmark(c: Checker, problems: list[Problem]) -> Benchmark:
         tokenizer=c.get("tokenizer", str),
         timeout_s=c.get("timeout_s", float, default=600.0, check=lambda v: None if v > 0 else "must be > 0"),
         extra_args=tuple(str(a) for a in extra),
+        remote_dir=c.get("remote_dir", str, default="~/.cache/gpudeploy/bench",
+                         check=lambda v: None if (v.startswith("/") or v.startswith("~/")) and v.isprintable()
+                         else "an absolute path or ~/PATH (the SSH user's home)"),
     )
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InputError, Problem
-from ..inventory import load_inventory
+from ..inventory import load_inventory, tp_split_problem
 from ..model import Inventory, Plan, Role
 from ..plan.build import build_plan, deployments
 from ..plan.memcheck import memory_verdicts
@@ -89,6 +89,10 @@ def plan_variants(exp: Experiment, store: CalibrationStore | None = None) -> lis
                                     key=f"variants.{v.name}.{name}"))
                 continue
             roles[name] = override_role(roles[name], ov)
+            split = tp_split_problem(roles[name].tp_size, roles[name].nnodes) if "tp_size" in ov else None
+            if split:
+                mine.append(Problem(f"variant {v.name}: {split}", file=exp.file, line=v.line,
+                                    key=f"{'grid' if v.grid else 'variants.' + v.name}.{name}.tp_size"))
         if mine:
             problems += mine
             continue

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..model import Host
+from ..versions import same_release
 
 GPU_MEMORY_TOLERANCE = 0.06  # NVML reports a "96 GB" card as 95.6 GiB
 
@@ -47,7 +48,7 @@ def version_problems(host: Host, wanted: list[tuple[str, str, str, str]], versio
     out = []
     for role, python, package, planned in wanted:
         found = (versions.get(python) or {}).get(package)
-        if found is not None and found != planned:
+        if found is not None and not same_release(str(found), planned):
             out.append(f"{python} on {host.name} has {package} {found}, but the plan rendered role {role}'s flags "
                        f"for {planned}; set engine_versions (or the role's version) to \"{found}\" "
                        "(gpudeploy reads the flags of a release it has not captured from the host)")

@@ -12,9 +12,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .. import flagcache
 from ..errors import Problem
-from ..flagspec import FlagSpec, load_flags, supported_versions
+from ..flagspec import FlagSpec, captured_versions, load_flags, resolve
 from ..model import Host, Role
+from ..versions import sort_key
 
 SPELLINGS: dict[str, tuple[str, ...]] = {
     "cuda_graph_max_bs": ("--cuda-graph-max-bs", "--cuda-graph-max-bs-decode"),
@@ -32,13 +34,34 @@ RESERVED = {
 PROGRAM = {"sglang": "sglang", "sglang_router": "sglang_router"}
 
 
+def known_releases(program: str) -> list[str]:
+    """Releases gpudeploy has the real --help of: captured, or learned from a host earlier."""
+    return sorted(set(captured_versions(program)) | set(flagcache.releases(program)), key=sort_key)
+
+
+def release_flags(program: str, version: str, host: str | None = None) -> dict[str, FlagSpec]:
+    """The options of ``program`` ``version`` on ``host``: captured, else the help text learned for that
+    host (flagcache.for_host); KeyError when there is none."""
+    if resolve(program, version) is not None:
+        return load_flags(program, version)
+    learned = flagcache.for_host(program, version, host)
+    if learned is None:
+        raise KeyError(f"no --help of {program} {version} for {host}")
+    return flagcache.flags_of(learned.path, learned.digest)
+
+
+def flags_source(program: str, version: str, host: str | None) -> flagcache.Learned | None:
+    """Where a unit's flags come from when they were learned (None: captured, or not known)."""
+    return None if resolve(program, version) is not None else flagcache.for_host(program, version, host)
+
+
 def engine_version(host: Host, role: Role, problems: list[Problem]) -> str | None:
     """The release of the role's engine on this host, if it is one we have the real --help of."""
     program = PROGRAM.get(role.engine)
     if program is None:
         return None
     version = role.version or host.engine_versions.get(program)
-    known = supported_versions(program)
+    known = known_releases(program)
     if version is None:
         problems.append(Problem(
             f"no {program} release declared; set engine_versions: {{{program}: \"X.Y.Z\"}} "
@@ -46,14 +69,18 @@ def engine_version(host: Host, role: Role, problems: list[Problem]) -> str | Non
             line=host.where.line if host.where else None, host=host.name, role=role.name,
             key="engine_versions"))
         return None
-    if version not in known:
+    if resolve(program, version) is None and flagcache.for_host(program, version, host.name) is None:
+        taught = flagcache.of_release(program, version)
+        why = (f"hosts printed different --help texts of {program} {version} "
+               f"({'; '.join(e.describe() for e in taught)}), so {host.name}'s own is needed"
+               if taught else f"{program} {version} is a release gpudeploy has not captured (it has the real "
+               f"--help of {', '.join(known)})")
         problems.append(FlagsNotKnown(
-            f"{program} {version} is a release gpudeploy has not captured (it has the real --help of "
-            f"{', '.join(known)}); `invoke deploy` reads its --help from {host.name} once and checks "
+            f"{why}; `invoke deploy` reads its --help from {host.name} once and checks "
             "the flags against it", file=host.where.file if host.where else None,
             line=host.where.line if host.where else None, host=host.name, role=role.name,
             key="engine_versions" if role.version is None else "version",
-            program=program, version=version, python=role.python or host.python))
+            program=program, version=version, python=role.python or host.python, own=bool(taught)))
         return None
     return version
 
@@ -68,15 +95,19 @@ class FlagsNotKnown(Problem):
     program: str = ""
     version: str = ""
     python: str = ""
+    own: bool = False  # hosts taught different texts of this release: learn this host's own
 
     @property
     def module(self) -> str:
         return MODULES[self.program]
 
 
-def flag_for(program: str, version: str, name: str) -> str:
+def flag_for(program: str, version: str, name: str, host: str | None = None) -> str:
     """The option string for a release-neutral setting name (unchecked if none matches)."""
-    flags = load_flags(program, version)
+    try:
+        flags = release_flags(program, version, host)
+    except KeyError:
+        flags = {}
     for spelling in SPELLINGS.get(name, ()):
         if spelling in flags:
             return spelling
@@ -87,7 +118,7 @@ def settings_args(host: Host, role: Role, version: str, settings: dict[str, Any]
                   problems: list[Problem]) -> list[str]:
     """Render ``settings`` as argv for ``role``'s engine, recording every invalid flag or value."""
     program = PROGRAM[role.engine]
-    flags = load_flags(program, version)
+    flags = release_flags(program, version, host.name)
     reserved = RESERVED.get(role.engine, {})
     args: list[str] = []
     for name, value in settings.items():
@@ -99,7 +130,7 @@ def settings_args(host: Host, role: Role, version: str, settings: dict[str, Any]
         if name in reserved:
             fail(f"{name} is set by gpudeploy; use {reserved[name]} instead")
             continue
-        flag = flag_for(program, version, name)
+        flag = flag_for(program, version, name, host.name)
         spec = flags.get(flag)
         if spec is None:
             fail(_unknown(program, version, flag, flags))
@@ -114,7 +145,7 @@ def check_args(host: Host, role: Role, version: str, argv: Sequence[str], key: s
                problems: list[Problem]) -> None:
     """Check a raw argument list (``extra_args``) the way the engine's argparse would."""
     program = PROGRAM[role.engine]
-    flags = load_flags(program, version)
+    flags = release_flags(program, version, host.name)
     i = 0
     while i < len(argv):
         token = argv[i]

@@ -13,6 +13,7 @@ from dataclasses import replace
 
 from ..errors import Problem
 from ..model import Group, Host, Inventory, Plan, Role, Unit
+from ..versions import same_release
 
 
 def plan_groups(inv: Inventory, ports: dict[str, dict[str, dict[str, int]]],
@@ -55,7 +56,8 @@ def _group_ok(role: Role, deployment: str, hosts: list[Host], problems: list[Pro
             "leader first)"))
         return False
     releases = {h.name: role.version or h.engine_versions.get(role.engine) for h in hosts}
-    if len(set(releases.values())) > 1:
+    first = next(iter(releases.values()))
+    if any(v != first and (v is None or first is None or not same_release(v, first)) for v in releases.values()):
         shown = ", ".join(f"{h}: {v}" for h, v in releases.items())
         problems.append(problem(f"the ranks of one group must run the same {role.engine} release ({shown})"))
         return False

@@ -70,7 +70,7 @@ def unit_memory(host: Host, role: Role, gpus: tuple[int, ...], version: str, sto
     doc = b.to_json()
 
     def flag(name: str) -> str:
-        return flag_for("sglang", version, name)
+        return flag_for("sglang", version, name, host.name)
 
     doc["recommended_flags"] = recommendation_flags(b.recommended, flag)
     if want_suggestions:

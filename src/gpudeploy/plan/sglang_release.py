@@ -32,6 +32,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..versions import release_tuple
+
 # (GPU memory below this many MiB, chunked_prefill_size, max_bs for tp < 4, max_bs for tp >= 4)
 Tier = tuple[float, int, int, int]
 _TIERS_059: tuple[Tier, ...] = (
@@ -86,11 +88,8 @@ RELEASES = {r.name: r for r in (LEGACY, LEGACY_FIXED, R059, R0510, R0523)}
 
 
 def _key(version: str) -> tuple[int, ...]:
-    parts = []
-    for p in version.split("."):
-        digits = "".join(ch for ch in p if ch.isdigit())
-        parts.append(int(digits) if digits else 0)
-    return tuple(parts)
+    # packaging's numeric release (0.5.9-cu128 and 0.5.9+cu128 are 0.5.9, never 0.5.9128)
+    return release_tuple(version)
 
 
 def release_rules(version: str | None) -> Release:

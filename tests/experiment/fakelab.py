@@ -1,0 +1,96 @@
+"""A stand-in for what the experiment runner reaches: deploy, teardown, status and the router's host
+(the client's commands), each recorded, so the runner's own decisions (what to re-run, what to do
+when the host drops the connection, what to say) are tested without a lab. The client's result is
+SGLang 0.5.23's real bench_serving line (tests/experiment/data)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpudeploy.apply.deploy import UnitOutcome
+from gpudeploy.apply.deployment import DeploymentOutcome, DeployResult
+from gpudeploy.errors import GpudeployError
+from gpudeploy.experiment import runner
+from gpudeploy.model import Host, Plan
+from gpudeploy.remote.base import Result
+from gpudeploy.verify.status import UnitStatus
+
+RESULT = (Path(__file__).parent / "data" / "sglang-0.5.23-bench_serving.jsonl").read_text()
+
+
+class FakeLab:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.commands: list[list[str]] = []  # every command on the router's host, in order
+        self.deployed: list[str] = []  # each deploy: every unit's argv, joined
+        self.up = False
+        self.torn_down = 0
+        self.teardown_error: GpudeployError | None = None
+        self.status_error: Exception | None = None
+        # called before each command on the host; may raise (a dropped connection)
+        self.on_command: Callable[[list[str]], None] = lambda argv: None
+        self.on_connect: Callable[[], None] = lambda: None
+        self.said: list[str] = []
+        monkeypatch.setattr(runner, "deploy", self.deploy)
+        monkeypatch.setattr(runner, "teardown", self.teardown)
+        monkeypatch.setattr(runner, "status", self.status)
+        monkeypatch.setattr(runner, "connect", self.connect)
+        monkeypatch.setattr(runner, "WATCH_EVERY_S", 0.05)
+
+    def say(self, line: str) -> None:
+        self.said.append(line)
+
+    @property
+    def out(self) -> str:
+        return "\n".join(self.said)
+
+    def client_runs(self) -> list[list[str]]:
+        return [c for c in self.commands if c[0] == "timeout"]
+
+    def deploy(self, plan: Plan, opts: Any, calibration: Any = None) -> DeployResult:
+        self.deployed.append(" ".join(" ".join(u.argv) for u in plan.units))
+        self.up = True
+        dep = plan.units[0].deployment
+        hosts: dict[str, list[UnitOutcome] | GpudeployError] = {}
+        for u in plan.units:
+            hosts.setdefault(u.host.name, []).append(UnitOutcome(u, "started", True))  # type: ignore[union-attr]
+        return DeployResult(hosts=hosts, deployments={dep: DeploymentOutcome(dep)})
+
+    def teardown(self, plan: Plan, hosts: list[Host], *, purge: bool, deployments: list[str]) -> dict[str, Any]:
+        if self.teardown_error is not None:
+            return {h.name: self.teardown_error for h in hosts}
+        self.up = False
+        self.torn_down += 1
+        return {h.name: [] for h in hosts}
+
+    def status(self, plan: Plan, hosts: list[Host]) -> dict[str, Any]:
+        if self.status_error is not None:
+            raise self.status_error
+        state = "active/running" if self.up else "inactive/dead"
+        return {h.name: [UnitStatus(h.name, u.name, u.role.name, u.deployment, state, 1, None, {}, "200", True, True)
+                         for u in plan.units if u.host.name == h.name] for h in hosts}
+
+    @contextmanager
+    def connect(self, host: Host) -> Iterator[FakeRemote]:
+        self.on_connect()
+        yield FakeRemote(self)
+
+
+class FakeRemote:
+    def __init__(self, lab: FakeLab) -> None:
+        self.lab = lab
+
+    def run(self, argv: list[str], *, stdin: bytes | None = None, timeout: float = 60.0,
+            check: bool = True) -> Result:
+        self.lab.commands.append(argv)
+        self.lab.on_command(argv)
+        if argv[1:3] == ["-I", "-c"]:  # benchdir's script: base, prefix
+            return Result(0, json.dumps({"path": f"/root/.cache/gpudeploy/bench/{argv[-1]}q7x2k9"}) + "\n", "")
+        if argv[0] == "cat":
+            return Result(0, RESULT, "")
+        return Result(0, "", "")
