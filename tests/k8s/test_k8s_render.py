@@ -7,22 +7,22 @@ import os
 from pathlib import Path
 
 import pytest
-from k8stools import DECODE, MODEL, PREFILL, ROUTER, by_kind, container, docs, invoke, pd_inventory, write_inventory
+from k8stools import (
+    DECODE,
+    MODEL,
+    PREFILL,
+    ROUTER,
+    by_kind,
+    container,
+    docs,
+    invoke,
+    multinode,
+    pd_inventory,
+    write_inventory,
+)
 
 from gpudeploy.errors import InputError
 from gpudeploy.k8s import Options, render
-
-TP16 = {"engine": "sglang", "tp_size": 16, "nnodes": 2, "model": {"path": "/models/DeepSeek-V3"},
-        "settings": {"trust_remote_code": True}, "health": {"timeout_s": 3600}}
-EIGHT = {"numa_nodes": [{"id": 0, "gpus": [0, 1, 2, 3, 4, 5, 6, 7], "cpus": "0-63"}]}
-
-
-def multinode(tmp_path: Path, n2_env: dict[str, str] | None = None) -> str:
-    return write_inventory(tmp_path, {
-        "n1": {**EIGHT, "address": "192.0.2.21", "roles": ["tp16"]},
-        "n2": {**EIGHT, "address": "192.0.2.22", "roles": ["tp16"], **({"env": n2_env} if n2_env else {})},
-        "r1": {"address": "192.0.2.23", "numa_nodes": [], "roles": ["front"]},
-    }, {"tp16": TP16, "front": {"engine": "sglang_router", "upstreams": {"workers": ["tp16"]}}}, deployment="big")
 
 
 def test_a_role_over_two_nodes_is_one_leaderworkerset_of_size_2(tmp_path: Path) -> None:

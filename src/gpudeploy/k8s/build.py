@@ -22,10 +22,10 @@ from typing import Any
 from ..errors import InputError, Problem
 from ..model import Plan, Role, Unit
 from ..plan.build import RESERVED_ENV
-from . import names
+from . import lws, names
 from .args import CONTAINER_PYTHON, engine_args, router_args
 
-LWS_API = "leaderworkerset.x-k8s.io/v1"
+LWS_API = lws.API
 IMAGE = "lmsysorg/sglang:v{release}"  # SGLang's own images: the engine and its sglang-router
 PROBE_PERIOD_S = 10
 PROBE_TIMEOUT_S = 5
@@ -138,11 +138,12 @@ def _upstreams(sets: list[RoleSet], options: Options) -> tuple[dict[str, str], d
         if rs.role.engine != "sglang":
             continue
         images[rs.role.name] = engine_image(rs, options)
-        lws = names.engine(rs.deployment, rs.role.name)
+        set_name = names.engine(rs.deployment, rs.role.name)
         for i, u in enumerate(rs.leaders):
             if "http" not in u.ports:
                 continue
-            host = names.leader_service(rs.deployment, rs.role.name) if rs.replicas == 1 else f"{lws}-{i}.{lws}"
+            one = rs.replicas == 1
+            host = names.leader_service(rs.deployment, rs.role.name) if one else f"{set_name}-{i}.{set_name}"
             urls[f"http://{u.host.address}:{u.ports['http']}"] = f"http://{host}:{u.ports['http']}"
     return urls, images
 
@@ -162,7 +163,7 @@ def _engine(rs: RoleSet, image: str, options: Options, problems: list[Problem]) 
     rdma = ib_devices(role)
     if rdma and "NCCL_IB_HCA" not in env:
         env["NCCL_IB_HCA"] = rdma  # NCCL across nodes on the same HCAs the KV transfer uses
-    lws = names.engine(dep, role.name)
+    set_name = names.engine(dep, role.name)
     labels = names.labels(dep, role.name, "sglang")
     ports = [("http", lead.ports["http"])]
     ports += [(k, lead.ports[k]) for k in ("bootstrap", "nccl") if k in lead.ports]
@@ -174,8 +175,10 @@ def _engine(rs: RoleSet, image: str, options: Options, problems: list[Problem]) 
             "name": "sglang", "image": image, "command": [CONTAINER_PYTHON], "args": list(args),
             "envFrom": [{"configMapRef": {"name": names.env_config(dep, role.name)}}],
         }
-        if role.secret_env:
-            container["env"] = secret_env(dep, role.secret_env)
+        env_list = [lws.worker_index_env()] if rs.size > 1 else []  # --node-rank $(LWS_WORKER_INDEX)
+        env_list += secret_env(dep, role.secret_env)
+        if env_list:
+            container["env"] = env_list
         # Only the leader listens on the dist-init port (its torch.distributed store).
         container["ports"] = [{"name": n, "containerPort": p} for n, p in ports if leader or n != "dist-init"]
         if gpus:
@@ -200,13 +203,13 @@ def _engine(rs: RoleSet, image: str, options: Options, problems: list[Problem]) 
         template["workerTemplate"] = pod(True)  # a group of one: its only pod is the leader
     lws_doc = {
         "apiVersion": LWS_API, "kind": "LeaderWorkerSet",
-        "metadata": {"name": lws, "labels": dict(labels)},
+        "metadata": {"name": set_name, "labels": dict(labels)},
         "spec": {"replicas": rs.replicas, "startupPolicy": "LeaderReady", "leaderWorkerTemplate": template},
     }
     service = {
         "apiVersion": "v1", "kind": "Service",
         "metadata": {"name": names.leader_service(dep, role.name), "labels": dict(labels)},
-        "spec": {"selector": {names.LWS_NAME_LABEL: lws, "role": "leader"},
+        "spec": {"selector": {lws.NAME_LABEL: set_name, "role": "leader"},
                  "ports": [{"name": n, "port": p, "targetPort": n}
                            for n, p in ports if n in ("http", "bootstrap")]},
     }

@@ -7,6 +7,7 @@ manifest can ask for none of that; these notes say so, per deployment, instead o
 
 from __future__ import annotations
 
+from . import lws
 from .build import Options, RoleSet, engine_image, ib_devices, model_dir
 from .names import leader_service, secret
 
@@ -21,6 +22,11 @@ def deployment_notes(sets: list[RoleSet], options: Options, k8s_version: str) ->
     engines = [rs for rs in sets if rs.role.engine == "sglang"]
     routers = [rs for rs in sets if rs.role.engine == "sglang_router"]
     notes: list[str] = []
+    if engines:
+        notes.append(
+            f"Needs LeaderWorkerSet {lws.MIN_VERSION} or later in the cluster: its webhook gives every pod "
+            f"{' and '.join(lws.INJECTED)} (the latter from {lws.MIN_VERSION}); LWS_WORKER_INDEX, which it gives "
+            "only from v0.6.0, is set here from the pod's worker-index label.")
     bound = [f"{u.role.name} on {u.host.name}: NUMA node {u.numa_node}, CPUs {u.cpus}"
              for rs in engines for u in rs.units if u.numa_node is not None and u.cpus]
     notes.append(
