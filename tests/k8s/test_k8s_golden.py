@@ -23,6 +23,7 @@ from k8stools import REPO, container, docs
 
 from gpudeploy.k8s import render
 from gpudeploy.k8s.build import Manifest
+from gpudeploy.k8s.envrefs import references, undefined_references
 from gpudeploy.k8s.validate import K8S_VERSION, LWS_SCHEMA, lws_schema_from_crd, manifest_problems
 from gpudeploy.model import Role
 
@@ -156,3 +157,55 @@ def test_core_kinds_are_checked_strictly() -> None:
     text = "\n".join(str(p) for p in manifest_problems(m, doc))
     assert "spec.ports[0].port: '30000' is not of type 'integer'" in text
     assert "'selectr' was unexpected" in text and "Kubernetes 1.30 Service schema" in text
+
+
+@pytest.mark.parametrize("word,refs", [
+    ("$(LWS_LEADER_ADDRESS):20000", ["LWS_LEADER_ADDRESS"]),
+    ("q$$(HOME)$x", []),  # $$ is an escaped $: the server gets q$(HOME)$x
+    ("$$$(A)", ["A"]),
+    ("$(A)$(B)", ["A", "B"]),
+    ("$(unclosed", []),
+    ("plain", []),
+])
+def test_references_are_read_as_kubernetes_expands_them(word: str, refs: list[str]) -> None:
+    assert references(word) == refs
+
+
+def lws_docs(name: str) -> tuple[list[Manifest], list[dict[str, Any]]]:
+    r = render(f"inventory/{name}.yml")
+    [(dep, manifests)] = r.manifests.items()
+    return manifests, docs(r.streams[dep])
+
+
+def test_every_variable_the_golden_containers_use_is_defined() -> None:
+    for name in INVENTORIES:
+        assert undefined_references(*lws_docs(name)) == []
+
+
+def test_a_variable_no_env_defines_is_an_error_naming_manifest_and_container() -> None:
+    manifests, rendered = lws_docs("lab")
+    changed = copy.deepcopy(rendered)
+    [lws] = [d for d in changed if d["metadata"]["name"] == "lab-prefill"]
+    c = container(lws)
+    c["args"] += ["--dist-init-addr", "$(LWS_LEADER_ADDRESS):20000", "--node-rank", "$(LWS_WORKER_INDEX)"]
+    [problem] = undefined_references(manifests, changed)
+    text = str(problem)
+    assert "LeaderWorkerSet lab-prefill of deployment lab, container sglang (workerTemplate)" in text
+    assert "$(LWS_WORKER_INDEX), which is not defined" in text and "roles/prefill.yml" in text
+    assert "ConfigMap lab-prefill-env" in text and "LWS_LEADER_ADDRESS" in text  # where it looked
+    # Defined in the container's own env, or in the ConfigMap it reads: no error.
+    c["env"] = [{"name": "LWS_WORKER_INDEX", "value": "0"}]
+    assert undefined_references(manifests, changed) == []
+    del c["env"]
+    [config] = [d for d in changed if d["metadata"]["name"] == "lab-prefill-env"]
+    config["data"]["LWS_WORKER_INDEX"] = "0"
+    assert undefined_references(manifests, changed) == []
+
+
+def test_only_leaderworkerset_pods_get_what_lws_injects() -> None:
+    manifests, rendered = lws_docs("lab")
+    changed = copy.deepcopy(rendered)
+    [router] = [d for d in changed if d["kind"] == "Deployment"]
+    container(router)["args"] += ["--host", "$(LWS_LEADER_ADDRESS)"]
+    [problem] = undefined_references(manifests, changed)
+    assert "Deployment lab-lab-router" in str(problem) and "container router (template)" in str(problem)
