@@ -22,8 +22,8 @@ import yaml
 from k8stools import REPO, container, docs
 
 from gpudeploy.k8s import render
-from gpudeploy.k8s.build import Manifest
 from gpudeploy.k8s.envrefs import references, undefined_references
+from gpudeploy.k8s.roleset import Manifest
 from gpudeploy.k8s.validate import K8S_VERSION, LWS_SCHEMA, lws_schema_from_crd, manifest_problems
 from gpudeploy.model import Role
 

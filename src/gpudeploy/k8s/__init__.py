@@ -17,9 +17,10 @@ import yaml
 
 from ..errors import InputError, Problem
 from ..plan import load_plan
-from .build import Manifest, Options, build, role_sets
+from .build import Options, build
 from .envrefs import undefined_references
 from .notes import deployment_notes
+from .roleset import Manifest, role_sets
 from .validate import K8S_VERSION, manifest_problems
 from .write import notes_text, stream
 

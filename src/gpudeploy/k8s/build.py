@@ -24,6 +24,7 @@ from ..model import Plan, Role, Unit
 from ..plan.build import RESERVED_ENV
 from . import lws, names
 from .args import CONTAINER_PYTHON, engine_args, router_args
+from .roleset import Manifest, RoleSet, problem, role_sets, same
 
 LWS_API = lws.API
 IMAGE = "lmsysorg/sglang:v{release}"  # SGLang's own images: the engine and its sglang-router
@@ -39,59 +40,6 @@ class Options:
     image: str | None = None  # every engine's image; default lmsysorg/sglang:v<planned release>
     router_image: str | None = None  # default: --image, else the image of the engines it fronts
     model_pvc: str | None = None  # the model directory from this PersistentVolumeClaim, not the node's disk
-
-
-@dataclass(frozen=True)
-class Manifest:
-    doc: dict[str, Any]
-    deployment: str
-    role: Role
-
-    @property
-    def kind(self) -> str:
-        return str(self.doc["kind"])
-
-    @property
-    def name(self) -> str:
-        return str(self.doc["metadata"]["name"])
-
-    def __str__(self) -> str:
-        return f"{self.kind} {self.name} (role {self.role.name}, deployment {self.deployment})"
-
-
-@dataclass(frozen=True)
-class RoleSet:
-    """One role of one deployment: its units (every rank of every group), leaders first by group."""
-
-    deployment: str
-    role: Role
-    units: tuple[Unit, ...]
-
-    @property
-    def leaders(self) -> tuple[Unit, ...]:
-        return tuple(u for u in self.units if u.group is None or u.group.rank == 0)
-
-    @property
-    def replicas(self) -> int:
-        return len(self.leaders)
-
-    @property
-    def size(self) -> int:
-        return self.role.nnodes
-
-
-def role_sets(plan: Plan) -> dict[str, list[RoleSet]]:
-    """deployment -> its roles in plan order (engines before routers), each with all its units."""
-    found: dict[tuple[str, str], list[Unit]] = {}
-    for u in plan.units:
-        found.setdefault((u.deployment, u.role.name), []).append(u)
-    out: dict[str, list[RoleSet]] = {}
-    for (dep, _), units in found.items():
-        ranked = sorted(units, key=lambda u: u.group.rank if u.group else 0)
-        out.setdefault(dep, []).append(RoleSet(dep, units[0].role, tuple(ranked)))
-    for sets in out.values():
-        sets.sort(key=lambda s: s.role.engine == "sglang_router")
-    return out
 
 
 def build(plan: Plan, options: Options) -> dict[str, list[Manifest]]:
@@ -111,7 +59,7 @@ def build(plan: Plan, options: Options) -> dict[str, list[Manifest]]:
             elif rs.role.engine == "sglang_router":
                 made = _router(rs, urls, images, options, problems)
             else:
-                problems.append(_problem(rs, "engine", (
+                problems.append(problem(rs, "engine", (
                     f"engine {rs.role.engine} cannot be rendered for Kubernetes: its argv is a template of host "
                     "values (interpreter, bind address, state directory) and there is no image to run it in; "
                     "gpudeploy renders sglang and sglang_router roles (render other deployments with --deployment)")))
@@ -154,10 +102,10 @@ def engine_image(rs: RoleSet, options: Options) -> str:
 
 def _engine(rs: RoleSet, image: str, options: Options, problems: list[Problem]) -> list[Manifest]:
     role, dep, lead = rs.role, rs.deployment, rs.leaders[0]
-    args = _same(rs, "args", {u.host.name: engine_args(u) for u in rs.units}, problems)
-    env = _same(rs, "env", {u.host.name: _public_env(u) for u in rs.units}, problems)
-    _same(rs, "engine release", {u.host.name: u.engine_version for u in rs.units}, problems)
-    gpus = _same(rs, "GPU count", {u.host.name: len(u.gpus) for u in rs.units}, problems)
+    args = same(rs, "args", {u.host.name: engine_args(u) for u in rs.units}, problems)
+    env = same(rs, "env", {u.host.name: _public_env(u) for u in rs.units}, problems)
+    same(rs, "engine release", {u.host.name: u.engine_version for u in rs.units}, problems)
+    gpus = same(rs, "GPU count", {u.host.name: len(u.gpus) for u in rs.units}, problems)
     if args is None or env is None or gpus is None:
         return []
     rdma = ib_devices(role)
@@ -246,15 +194,15 @@ def _router(rs: RoleSet, urls: dict[str, str], images: dict[str, str], options: 
     for u in rs.units:
         args, missing = router_args(u, urls)
         for url in missing:
-            problems.append(_problem(rs, "upstreams", f"upstream {url} (on host {u.host.name}) is no engine "
+            problems.append(problem(rs, "upstreams", f"upstream {url} (on host {u.host.name}) is no engine "
                                                       "rendered for Kubernetes in this deployment"))
         planned[u.host.name] = args
-    args = _same(rs, "args", planned, problems)
-    env = _same(rs, "env", {u.host.name: _public_env(u) for u in rs.units}, problems)
+    args = same(rs, "args", planned, problems)
+    env = same(rs, "env", {u.host.name: _public_env(u) for u in rs.units}, problems)
     ups = [r for kind in ("prefill", "decode", "workers") for r in role.upstreams.get(kind, ())]
     image = options.router_image or options.image or next((images[r] for r in ups if r in images), None)
     if image is None:
-        problems.append(_problem(rs, "upstreams", "no image for the router: it fronts no sglang engine of this "
+        problems.append(problem(rs, "upstreams", "no image for the router: it fronts no sglang engine of this "
                                                   "deployment; give one with --router-image"))
     if args is None or env is None or image is None:
         return []
@@ -346,31 +294,6 @@ def model_dir(role: Role) -> str | None:
     return path if path.startswith("/") else None
 
 
-def _same(rs: RoleSet, what: str, per_host: dict[str, Any], problems: list[Problem]) -> Any:
-    """The one value every pod of the role gets, or None (and a problem) where the hosts differ."""
-    values = list(per_host.values())
-    if all(v == values[0] for v in values):
-        return values[0]
-    first_host = next(iter(per_host))
-    others = [h for h, v in per_host.items() if v != values[0]]
-    shown = "; ".join(f"{h}: {_diff(values[0], per_host[h])}" for h in others)
-    problems.append(_problem(rs, None, (
-        f"one pod template serves this role's {len(per_host)} hosts, but its {what} differs from "
-        f"{first_host}'s on {shown}; make them agree (pin ports in the role's ports:, the same env and "
-        "release on every host)")))
-    return None
-
-
-def _diff(a: Any, b: Any) -> str:
-    if isinstance(a, list) and isinstance(b, list):
-        i = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
-        return f"word {i} is {b[i] if i < len(b) else '(none)'!r}, not {a[i] if i < len(a) else '(none)'!r}"
-    if isinstance(a, dict) and isinstance(b, dict):
-        keys = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
-        return ", ".join(f"{k}={b.get(k)!r} (not {a.get(k)!r})" for k in keys)
-    return f"{b!r}, not {a!r}"
-
-
 def _name_problems(rs: RoleSet, problems: list[Problem]) -> None:
     dep, role = rs.deployment, rs.role.name
     wanted = [names.env_config(dep, role)]
@@ -379,17 +302,17 @@ def _name_problems(rs: RoleSet, problems: list[Problem]) -> None:
     for name in wanted:
         bad = names.name_problem(name)
         if bad:
-            problems.append(_problem(rs, None, f"{bad}: rename the role or deployment {dep!r}"))
+            problems.append(problem(rs, None, f"{bad}: rename the role or deployment {dep!r}"))
             return
     for value in (dep, role):
         bad = names.label_problem(value)
         if bad:
-            problems.append(_problem(rs, None, f"{bad}: rename the role or deployment"))
+            problems.append(problem(rs, None, f"{bad}: rename the role or deployment"))
             return
     if rs.role.engine == "sglang":
         bad = names.statefulset_problem(names.engine(dep, role), rs.replicas)
         if bad:
-            problems.append(_problem(rs, None, f"{bad}: shorten the role or deployment name"))
+            problems.append(problem(rs, None, f"{bad}: shorten the role or deployment name"))
 
 
 def _unique(dep: str, manifests: list[Manifest], problems: list[Problem]) -> None:
@@ -400,8 +323,3 @@ def _unique(dep: str, manifests: list[Manifest], problems: list[Problem]) -> Non
             problems.append(Problem(f"{m} and role {other.role.name} both need the {m.kind} name {m.name!r} "
                                     f"in deployment {dep!r}; rename one of the roles",
                                     file=m.role.file, role=m.role.name))
-
-
-def _problem(rs: RoleSet, key: str | None, message: str) -> Problem:
-    return Problem(f"deployment {rs.deployment}: {message}", file=rs.role.file,
-                   line=rs.role.lines.get(key) if key else None, role=rs.role.name, key=key)

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..errors import Problem
 from . import lws
-from .build import Manifest
+from .roleset import Manifest
 
 
 def references(word: str) -> list[str]:

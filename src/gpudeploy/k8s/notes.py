@@ -8,8 +8,9 @@ manifest can ask for none of that; these notes say so, per deployment, instead o
 from __future__ import annotations
 
 from . import lws
-from .build import Options, RoleSet, engine_image, ib_devices, model_dir
+from .build import Options, engine_image, ib_devices, model_dir
 from .names import leader_service, secret
+from .roleset import RoleSet
 
 VALIDATED = ("Validated offline: the LeaderWorkerSet against its CRD's schema (kubernetes-sigs/lws 060ab4d, "
              "unknown fields refused), the other kinds against the schemas of Kubernetes {version} "

@@ -32,7 +32,7 @@ import jsonschema
 from jsonschema.exceptions import ValidationError
 
 from ..errors import GpudeployError, Problem
-from .build import Manifest
+from .roleset import Manifest
 
 K8S_VERSION = "1.30"  # the Kubernetes whose core schemas a render is checked against
 LWS_SCHEMA = "leaderworkerset-v1.schema.json"
