@@ -4,11 +4,24 @@ One test per defect, named by its number in the issue; each failed before its fi
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from k8stools import by_kind, container, docs, multinode
+from k8stools import DECODE, PREFILL, by_kind, container, docs, multinode, pd_inventory
 
 from gpudeploy.k8s import render
 from gpudeploy.k8s.envrefs import undefined_references
+
+RDMA_RESOURCE = {"kubernetes": {"rdma_resource": "rdma/ib"}}
+
+
+def mooncake(role: dict[str, Any]) -> dict[str, Any]:
+    return {"settings": {**role["settings"], "disaggregation_transfer_backend": "mooncake"}}
+
+
+def ib(role: dict[str, Any], devices: str = "mlx5_0,mlx5_1") -> dict[str, Any]:
+    return {"settings": {**role["settings"], "disaggregation_transfer_backend": "mooncake",
+                         "disaggregation_ib_device": devices}}
+
 
 WORKER_INDEX = {"name": "LWS_WORKER_INDEX", "valueFrom": {"fieldRef": {
     "fieldPath": "metadata.labels['leaderworkerset.sigs.k8s.io/worker-index']"}}}
@@ -30,3 +43,44 @@ def test_5_a_multi_node_render_passes_the_variable_check(tmp_path: Path) -> None
     """render() runs envrefs: $(LWS_WORKER_INDEX) is defined by the fieldRef, the rest by LWS."""
     r = render(multinode(tmp_path))
     assert undefined_references(r.manifests["big"], docs(r.streams["big"])) == []
+
+
+def engine_env(text: str, lws_name: str) -> dict[str, str]:
+    """What the engine's container gets from its ConfigMap."""
+    [source] = container(by_kind(text, "LeaderWorkerSet")[lws_name])["envFrom"]
+    data: dict[str, str] = by_kind(text, "ConfigMap")[source["configMapRef"]["name"]]["data"]
+    return data
+
+
+def test_1_mooncake_without_infiniband_devices_moves_kv_over_tcp(tmp_path: Path) -> None:
+    """mooncake defaults to RDMA: a pod without RDMA access crashed at startup ("Mooncake Transfer
+    Engine initialization failed"). Without RDMA wiring the TCP transport is rendered explicitly."""
+    r = render(pd_inventory(tmp_path / "a", prefill=mooncake(PREFILL), decode=mooncake(DECODE)))
+    text = r.streams["t"]
+    for name in ("t-prefill", "t-decode"):
+        assert engine_env(text, name)["MC_FORCE_TCP"] == "1", name
+        pod = by_kind(text, "LeaderWorkerSet")[name]["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]
+        assert "hostNetwork" not in pod
+    assert any("KV cache moves over TCP" in n and "prefill, decode" in n for n in r.notes["t"])
+    # The default backend is mooncake too; mooncake_tcp needs nothing (SGLang sets MC_FORCE_TCP itself);
+    # nixl picks its own transport; a server without PD moves no KV.
+    text = render(pd_inventory(tmp_path / "b")).streams["t"]
+    assert engine_env(text, "t-prefill")["MC_FORCE_TCP"] == "1"
+    tcp = {"settings": {**PREFILL["settings"], "disaggregation_transfer_backend": "mooncake_tcp"}}
+    tcp_d = {"settings": {**DECODE["settings"], "disaggregation_transfer_backend": "mooncake_tcp"}}
+    text = render(pd_inventory(tmp_path / "c", prefill=tcp, decode=tcp_d)).streams["t"]
+    assert "MC_FORCE_TCP" not in engine_env(text, "t-prefill")
+    text = render(multinode(tmp_path / "d")).streams["big"]
+    assert "MC_FORCE_TCP" not in engine_env(text, "big-tp16")
+
+
+def test_1_a_user_setting_wins(tmp_path: Path) -> None:
+    inv = pd_inventory(tmp_path, prefill={**mooncake(PREFILL), "env": {"MC_FORCE_TCP": "0"}}, decode=mooncake(DECODE))
+    assert engine_env(render(inv).streams["t"], "t-prefill")["MC_FORCE_TCP"] == "0"
+
+
+def test_1_infiniband_devices_mean_rdma_not_tcp(tmp_path: Path) -> None:
+    inv = pd_inventory(tmp_path, prefill=ib(PREFILL), decode=ib(DECODE), defaults=RDMA_RESOURCE)
+    text = render(inv).streams["t"]
+    assert "MC_FORCE_TCP" not in engine_env(text, "t-prefill")
+    assert engine_env(text, "t-prefill")["NCCL_IB_HCA"] == "mlx5_0,mlx5_1"

@@ -25,6 +25,7 @@ from ..plan.build import RESERVED_ENV
 from . import lws, names
 from .args import CONTAINER_PYTHON, engine_args, router_args
 from .roleset import Manifest, RoleSet, problem, role_sets, same
+from .transport import network, role_env
 
 LWS_API = lws.API
 IMAGE = "lmsysorg/sglang:v{release}"  # SGLang's own images: the engine and its sglang-router
@@ -32,7 +33,6 @@ PROBE_PERIOD_S = 10
 PROBE_TIMEOUT_S = 5
 READY_FAILURES = 3
 GPU_RESOURCE = "nvidia.com/gpu"
-IB_SETTING = "disaggregation_ib_device"  # the role declares InfiniBand devices: RDMA settings follow
 
 
 @dataclass(frozen=True)
@@ -108,9 +108,9 @@ def _engine(rs: RoleSet, image: str, options: Options, problems: list[Problem]) 
     gpus = same(rs, "GPU count", {u.host.name: len(u.gpus) for u in rs.units}, problems)
     if args is None or env is None or gpus is None:
         return []
-    rdma = ib_devices(role)
-    if rdma and "NCCL_IB_HCA" not in env:
-        env["NCCL_IB_HCA"] = rdma  # NCCL across nodes on the same HCAs the KV transfer uses
+    net = network(rs, problems)
+    env = role_env(net, env)
+    rdma = net.rdma
     set_name = names.engine(dep, role.name)
     labels = names.labels(dep, role.name, "sglang")
     ports = [("http", lead.ports["http"])]
@@ -251,20 +251,12 @@ def secret_env(deployment: str, secrets: Iterable[str]) -> list[dict[str, Any]]:
             for s in secrets]
 
 
-def ib_devices(role: Role) -> str | None:
-    """The InfiniBand devices the role names (SGLang's --disaggregation-ib-device), or None."""
-    value = role.settings.get(IB_SETTING)
-    if value is None or value is False or value == "":
-        return None
-    return ",".join(str(v) for v in value) if isinstance(value, list) else str(value)
-
-
 def _public_env(u: Unit) -> dict[str, str]:
     # The device plugin gives the pod its GPUs, numbered from 0: the host's indices would name others.
     return {k: v for k, v in u.env.items() if k not in RESERVED_ENV}
 
 
-def _mounts(role: Role, rdma: str | None) -> list[dict[str, Any]]:
+def _mounts(role: Role, rdma: bool) -> list[dict[str, Any]]:
     mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}]
     path = model_dir(role)
     if path:
@@ -274,7 +266,7 @@ def _mounts(role: Role, rdma: str | None) -> list[dict[str, Any]]:
     return mounts
 
 
-def _volumes(role: Role, rdma: str | None, model_pvc: str | None) -> list[dict[str, Any]]:
+def _volumes(role: Role, rdma: bool, model_pvc: str | None) -> list[dict[str, Any]]:
     volumes: list[dict[str, Any]] = [{"name": "dshm", "emptyDir": {"medium": "Memory"}}]
     path = model_dir(role)
     if path and model_pvc:

@@ -8,9 +8,10 @@ manifest can ask for none of that; these notes say so, per deployment, instead o
 from __future__ import annotations
 
 from . import lws
-from .build import Options, engine_image, ib_devices, model_dir
+from .build import Options, engine_image, model_dir
 from .names import leader_service, secret
 from .roleset import RoleSet
+from .transport import network, tcp_note
 
 VALIDATED = ("Validated offline: the LeaderWorkerSet against its CRD's schema (kubernetes-sigs/lws 060ab4d, "
              "unknown fields refused), the other kinds against the schemas of Kubernetes {version} "
@@ -85,7 +86,10 @@ def deployment_notes(sets: list[RoleSet], options: Options, k8s_version: str) ->
                 f"{rs.role.health.path} only after every rank has joined. So Service "
                 f"{leader_service(rs.deployment, rs.role.name)} may send requests to a leader that is still "
                 "loading (refused until it serves); a router's own health checks hold its traffic until then.")
-    rdma = [rs.role.name for rs in engines if ib_devices(rs.role)]
+    nets = [(rs, network(rs, [])) for rs in engines]
+    if tcp := tcp_note(nets):
+        notes.append(tcp)
+    rdma = [rs.role.name for rs, net in nets if net.rdma]
     if rdma:
         notes.append(
             f"RDMA ({', '.join(rdma)} name InfiniBand devices): hostNetwork with ClusterFirstWithHostNet, "
