@@ -6,8 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 from k8stools import DECODE, PREFILL, by_kind, container, docs, multinode, pd_inventory
 
+from gpudeploy.errors import InputError
 from gpudeploy.k8s import render
 from gpudeploy.k8s.envrefs import undefined_references
 
@@ -84,3 +86,41 @@ def test_1_infiniband_devices_mean_rdma_not_tcp(tmp_path: Path) -> None:
     text = render(inv).streams["t"]
     assert "MC_FORCE_TCP" not in engine_env(text, "t-prefill")
     assert engine_env(text, "t-prefill")["NCCL_IB_HCA"] == "mlx5_0,mlx5_1"
+
+
+def lws_pod(text: str, name: str, template: str = "workerTemplate") -> dict[str, Any]:
+    spec: dict[str, Any] = by_kind(text, "LeaderWorkerSet")[name]["spec"]["leaderWorkerTemplate"][template]["spec"]
+    return spec
+
+
+def test_2_rdma_pods_request_the_rdma_device_plugins_resource(tmp_path: Path) -> None:
+    """/dev/infiniband and IPC_LOCK alone leave uverbs blocked by the device cgroup: the pod asks
+    the RDMA device plugin for its resource (llm-d: rdma/ib: 1), named in the inventory."""
+    inv = pd_inventory(tmp_path, prefill=ib(PREFILL), decode=ib(DECODE), defaults=RDMA_RESOURCE)
+    r = render(inv)
+    for name in ("t-prefill", "t-decode"):
+        c = container(by_kind(r.streams["t"], "LeaderWorkerSet")[name])
+        assert c["resources"]["requests"]["rdma/ib"] == c["resources"]["limits"]["rdma/ib"] == 1
+        assert c["securityContext"] == {"capabilities": {"add": ["IPC_LOCK"]}}  # not privileged unless asked
+    assert any("RDMA device plugin that advertises rdma/ib" in n for n in r.notes["t"])
+
+
+def test_2_privileged_only_when_asked(tmp_path: Path) -> None:
+    asked = {**ib(PREFILL), "kubernetes": {"privileged": True}}
+    inv = pd_inventory(tmp_path, prefill=asked, decode={**ib(DECODE), "kubernetes": {"privileged": True}})
+    r = render(inv)
+    c = container(by_kind(r.streams["t"], "LeaderWorkerSet")["t-prefill"])
+    assert c["securityContext"] == {"privileged": True, "capabilities": {"add": ["IPC_LOCK"]}}
+    assert "rdma/ib" not in c["resources"]["limits"]
+    assert any("privileged" in n and "sees every GPU of its node" in n for n in r.notes["t"])
+
+
+def test_2_rdma_without_a_resource_or_privileged_is_refused(tmp_path: Path) -> None:
+    inv = pd_inventory(tmp_path, prefill=ib(PREFILL), decode=ib(DECODE))
+    with pytest.raises(InputError) as err:
+        render(inv)
+    problems = [p for p in err.value.problems if p.role == "prefill"]
+    [p] = problems
+    assert p.key == "settings.disaggregation_ib_device" and p.file and p.file.endswith("roles/prefill.yml")
+    assert p.line is not None
+    assert "kubernetes.rdma_resource" in p.message and "kubernetes.privileged" in p.message

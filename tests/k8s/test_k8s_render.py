@@ -116,7 +116,8 @@ def test_rdma_only_where_infiniband_devices_are_declared(tmp_path: Path) -> None
 
     ib = {"settings": {**PREFILL["settings"], "disaggregation_ib_device": "mlx5_0,mlx5_1"}}
     ib_decode = {"settings": {**DECODE["settings"], "disaggregation_ib_device": "mlx5_0,mlx5_1"}}
-    r = render(pd_inventory(tmp_path / "b", prefill=ib, decode=ib_decode))
+    r = render(pd_inventory(tmp_path / "b", prefill=ib, decode=ib_decode,
+                            defaults={"kubernetes": {"rdma_resource": "rdma/ib"}}))
     text = r.streams["t"]
     for name in ("t-prefill", "t-decode"):
         lws = by_kind(text, "LeaderWorkerSet")[name]
@@ -128,7 +129,7 @@ def test_rdma_only_where_infiniband_devices_are_declared(tmp_path: Path) -> None
         assert by_kind(text, "ConfigMap")[f"{name}-env"]["data"]["NCCL_IB_HCA"] == "mlx5_0,mlx5_1"
     router = by_kind(text, "Deployment")["t-router"]
     assert "hostNetwork" not in router["spec"]["template"]["spec"]  # the router moves no KV
-    assert any("RDMA (prefill, decode" in n and "privileged" in n for n in r.notes["t"])
+    assert any("RDMA: prefill through the RDMA device plugin's rdma/ib" in n for n in r.notes["t"])
 
 
 def test_a_role_value_no_manifest_can_hold_is_refused_and_nothing_is_written(tmp_path: Path) -> None:

@@ -130,15 +130,21 @@ def _engine(rs: RoleSet, image: str, options: Options, problems: list[Problem]) 
         # Only the leader listens on the dist-init port (its torch.distributed store).
         container["ports"] = [{"name": n, "containerPort": p} for n, p in ports if leader or n != "dist-init"]
         if gpus:
-            container["resources"] = {"requests": {GPU_RESOURCE: gpus}, "limits": {GPU_RESOURCE: gpus}}
+            wanted: dict[str, Any] = {GPU_RESOURCE: gpus}
+            if net.rdma_resource:
+                wanted[net.rdma_resource] = 1  # the device plugin opens /dev/infiniband to the pod
+            container["resources"] = {"requests": dict(wanted), "limits": dict(wanted)}
         if leader:
             container.update(_engine_probes(rs))
         container["volumeMounts"] = _mounts(role, rdma)
+        security: dict[str, Any] = {"privileged": True} if net.privileged else {}
         if rdma:
-            container["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
+            security["capabilities"] = {"add": ["IPC_LOCK"]}  # RDMA pins (locks) its registered memory
+        if security:
+            container["securityContext"] = security
         spec: dict[str, Any] = {"containers": [container], "volumes": _volumes(role, rdma, options.model_pvc),
                                 "terminationGracePeriodSeconds": math.ceil(role.stop_timeout_s)}
-        if rdma:
+        if net.host_network:
             spec["hostNetwork"] = True
             spec["dnsPolicy"] = "ClusterFirstWithHostNet"
         return {"metadata": {"labels": {**labels, "role": "leader" if leader else "worker"}}, "spec": spec}

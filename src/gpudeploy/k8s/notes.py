@@ -11,7 +11,7 @@ from . import lws
 from .build import Options, engine_image, model_dir
 from .names import leader_service, secret
 from .roleset import RoleSet
-from .transport import network, tcp_note
+from .transport import network, rdma_note, tcp_note
 
 VALIDATED = ("Validated offline: the LeaderWorkerSet against its CRD's schema (kubernetes-sigs/lws 060ab4d, "
              "unknown fields refused), the other kinds against the schemas of Kubernetes {version} "
@@ -89,15 +89,8 @@ def deployment_notes(sets: list[RoleSet], options: Options, k8s_version: str) ->
     nets = [(rs, network(rs, [])) for rs in engines]
     if tcp := tcp_note(nets):
         notes.append(tcp)
-    rdma = [rs.role.name for rs, net in nets if net.rdma]
-    if rdma:
-        notes.append(
-            f"RDMA ({', '.join(rdma)} name InfiniBand devices): hostNetwork with ClusterFirstWithHostNet, "
-            "/dev/infiniband from the node, IPC_LOCK and NCCL_IB_HCA. The container can open those devices only "
-            "through an RDMA device plugin's resource (add it under resources) or privileged: true, which is not "
-            "set (a privileged container sees every GPU of its node). On the host network the planned ports are "
-            "the node's: two such pods on one node must not share one (the plan checked this per inventory host "
-            "only). GID index, traffic class and service level are your fabric's: set NCCL_IB_* in the role's env.")
+    if rdma := rdma_note(nets):
+        notes.append(rdma)
     notes.append("Not done by Kubernetes, done by deploy: the memory preflight, the checks of GPUs and engine "
                  "release on the host, failure causes read from the server's log, the final generation through "
                  "the router, and teardown's proof that nothing is left. LimitMEMLOCK=infinity has no pod "

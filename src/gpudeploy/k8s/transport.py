@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from ..errors import Problem
 from ..model import Role
-from .roleset import RoleSet
+from .roleset import RoleSet, problem
 
 IB_SETTING = "disaggregation_ib_device"  # SGLang's --disaggregation-ib-device
 BACKEND_SETTING = "disaggregation_transfer_backend"
@@ -37,6 +37,9 @@ class Network:
     kv: str | None  # "tcp", "rdma", or None (no KV transfer, or a backend that picks its own transport)
     rdma: bool  # the pods get RDMA devices (for KV transfer and for NCCL between nodes)
     ib_devices: str | None
+    rdma_resource: str | None = None  # requested = limit = 1 per pod
+    privileged: bool = False
+    host_network: bool = False
     env: dict[str, str] = field(default_factory=dict)  # public env the role's ConfigMap gets (the user's wins)
 
 
@@ -70,7 +73,17 @@ def network(rs: RoleSet, problems: list[Problem]) -> Network:
         env["MC_FORCE_TCP"] = "1"  # what SGLang's mooncake_tcp sets: mooncake's TCP transport
     elif backend == "mooncake_tcp":
         kv = "tcp"
-    return Network(backend=backend, kv=kv, rdma=rdma, ib_devices=ib, env=env)
+    resource = rs.settings.rdma_resource if rdma else None
+    privileged = bool(rs.settings.privileged)
+    if rdma and not resource and not privileged:
+        problems.append(problem(rs, f"settings.{IB_SETTING}", (
+            f"this role names InfiniBand devices ({ib}), but its pods could not open them: the device cgroup "
+            "blocks /dev/infiniband's uverbs unless the pod asks an RDMA device plugin for its resource "
+            "(kubernetes.rdma_resource in the inventory, e.g. rdma/ib) or runs privileged (kubernetes.privileged: "
+            "true in the role)")))
+    host_network = rs.settings.host_network if rs.settings.host_network is not None else rdma
+    return Network(backend=backend, kv=kv, rdma=rdma, ib_devices=ib, rdma_resource=resource,
+                   privileged=privileged, host_network=host_network, env=env)
 
 
 def role_env(net: Network, env: dict[str, str]) -> dict[str, str]:
@@ -86,3 +99,26 @@ def tcp_note(sets: list[tuple[RoleSet, Network]]) -> str | None:
             "which starts RDMA and fails without it, and they name no InfiniBand devices (settings."
             f"{IB_SETTING}) and the inventory names no RDMA device plugin resource (kubernetes.rdma_resource), so "
             "MC_FORCE_TCP=1 is set (what SGLang's own mooncake_tcp backend sets). Name either for RDMA.")
+
+
+def rdma_note(sets: list[tuple[RoleSet, Network]]) -> str | None:
+    rdma = [(rs, net) for rs, net in sets if net.rdma]
+    if not rdma:
+        return None
+    parts = []
+    for rs, net in rdma:
+        how = [f"the RDMA device plugin's {net.rdma_resource} (1 per pod)"] if net.rdma_resource else []
+        how += ["privileged: true (a privileged container sees every GPU of its node, not only the ones it "
+                "requested)"] if net.privileged else []
+        parts.append(f"{rs.role.name} through {' and '.join(how)}")
+    needs = sorted({net.rdma_resource for _, net in rdma if net.rdma_resource})
+    text = (f"RDMA: {'; '.join(parts)}, with /dev/infiniband from the node, IPC_LOCK and NCCL_IB_HCA where devices "
+            "are named.")
+    if needs:
+        text += f" The cluster needs an RDMA device plugin that advertises {', '.join(needs)} on the GPU nodes."
+    hosted = [rs.role.name for rs, net in rdma if net.host_network]
+    if hosted:
+        text += (f" {', '.join(hosted)} run on the host network (ClusterFirstWithHostNet): the planned ports are the "
+                 "node's, so two such pods on one node must not share one (the plan checked this per inventory host "
+                 "only).")
+    return text + " GID index, traffic class and service level are your fabric's: set NCCL_IB_* in the role's env."
