@@ -124,3 +124,36 @@ def test_2_rdma_without_a_resource_or_privileged_is_refused(tmp_path: Path) -> N
     assert p.key == "settings.disaggregation_ib_device" and p.file and p.file.endswith("roles/prefill.yml")
     assert p.line is not None
     assert "kubernetes.rdma_resource" in p.message and "kubernetes.privileged" in p.message
+
+
+HOST_IP = {"name": "SGLANG_HOST_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
+
+
+def test_6_host_network_pods_pin_their_interfaces(tmp_path: Path) -> None:
+    """On the host network of a multi-NIC node, gloo, NCCL and SGLang's bootstrap each pick an
+    interface of their own; every reference pins them (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME,
+    SGLANG_HOST_IP). The interfaces are the inventory's; the address is the pod's (the node's)."""
+    defaults = {"kubernetes": {"rdma_resource": "rdma/ib", "socket_ifname": "bond0"}}
+    r = render(pd_inventory(tmp_path / "a", prefill=ib(PREFILL), decode=ib(DECODE), defaults=defaults))
+    for name in ("t-prefill", "t-decode"):
+        env = engine_env(r.streams["t"], name)
+        assert env["GLOO_SOCKET_IFNAME"] == env["NCCL_SOCKET_IFNAME"] == "bond0"
+        assert HOST_IP in container(by_kind(r.streams["t"], "LeaderWorkerSet")[name])["env"]
+    assert not any("socket_ifname" in n for n in r.notes["t"])
+    # Without the setting: the address is still pinned, and the notes say what to set.
+    r = render(pd_inventory(tmp_path / "b", prefill=ib(PREFILL), decode=ib(DECODE), defaults=RDMA_RESOURCE))
+    assert HOST_IP in container(by_kind(r.streams["t"], "LeaderWorkerSet")["t-prefill"])["env"]
+    assert "GLOO_SOCKET_IFNAME" not in engine_env(r.streams["t"], "t-prefill")
+    assert any("kubernetes.socket_ifname" in n and "prefill, decode" in n for n in r.notes["t"])
+
+
+def test_6_ranks_of_a_multi_node_group_pin_them_too(tmp_path: Path) -> None:
+    inv = multinode(tmp_path, tp16={"kubernetes": {"socket_ifname": "eth0"}})
+    env = engine_env(render(inv).streams["big"], "big-tp16")
+    assert env["GLOO_SOCKET_IFNAME"] == env["NCCL_SOCKET_IFNAME"] == "eth0"
+
+
+def test_6_the_users_own_value_wins(tmp_path: Path) -> None:
+    inv = multinode(tmp_path, tp16={"kubernetes": {"socket_ifname": "eth0"}, "env": {"NCCL_SOCKET_IFNAME": "=ib0"}})
+    env = engine_env(render(inv).streams["big"], "big-tp16")
+    assert (env["GLOO_SOCKET_IFNAME"], env["NCCL_SOCKET_IFNAME"]) == ("eth0", "=ib0")

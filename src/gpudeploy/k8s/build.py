@@ -124,6 +124,7 @@ def _engine(rs: RoleSet, image: str, options: Options, problems: list[Problem]) 
             "envFrom": [{"configMapRef": {"name": names.env_config(dep, role.name)}}],
         }
         env_list = [lws.worker_index_env()] if rs.size > 1 else []  # --node-rank $(LWS_WORKER_INDEX)
+        env_list += net.pod_env
         env_list += secret_env(dep, role.secret_env)
         if env_list:
             container["env"] = env_list

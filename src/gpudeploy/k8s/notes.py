@@ -11,7 +11,7 @@ from . import lws
 from .build import Options, engine_image, model_dir
 from .names import leader_service, secret
 from .roleset import RoleSet
-from .transport import network, rdma_note, tcp_note
+from .transport import interface_note, network, rdma_note, tcp_note
 
 VALIDATED = ("Validated offline: the LeaderWorkerSet against its CRD's schema (kubernetes-sigs/lws 060ab4d, "
              "unknown fields refused), the other kinds against the schemas of Kubernetes {version} "
@@ -91,6 +91,8 @@ def deployment_notes(sets: list[RoleSet], options: Options, k8s_version: str) ->
         notes.append(tcp)
     if rdma := rdma_note(nets):
         notes.append(rdma)
+    if unpinned := interface_note(nets):
+        notes.append(unpinned)
     notes.append("Not done by Kubernetes, done by deploy: the memory preflight, the checks of GPUs and engine "
                  "release on the host, failure causes read from the server's log, the final generation through "
                  "the router, and teardown's proof that nothing is left. LimitMEMLOCK=infinity has no pod "

@@ -15,11 +15,18 @@ device plugin's resource does that (requested = limit = 1), or ``kubernetes.priv
 Neither is an error rather than a pod that crashes. The references put RDMA pods on the host
 network (SGLang's ``lws_pd`` examples, OME's RDMA PD runtime), the default here;
 ``kubernetes.host_network`` chooses.
+
+On a multi-NIC node's host network gloo, NCCL and SGLang's bootstrap would each pick an interface
+of their own. The inventory's ``kubernetes.socket_ifname`` becomes ``GLOO_SOCKET_IFNAME`` and
+``NCCL_SOCKET_IFNAME`` (OME's and Dynamo's examples set GLOO_SOCKET_IFNAME=eth0), and a host-network
+pod advertises the pod's address, which is the node's, as ``SGLANG_HOST_IP`` (SGLang's
+``get_local_ip_auto`` reads it first, ``srt/utils/common.py``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..errors import Problem
 from ..model import Role
@@ -29,6 +36,7 @@ IB_SETTING = "disaggregation_ib_device"  # SGLang's --disaggregation-ib-device
 BACKEND_SETTING = "disaggregation_transfer_backend"
 DEFAULT_BACKEND = "mooncake"  # SGLang's default for --disaggregation-transfer-backend
 RDMA_BACKENDS = ("mooncake", "nixl", "mori")  # those that take RDMA when the pod has it
+HOST_IP_ENV = {"name": "SGLANG_HOST_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
 
 
 @dataclass(frozen=True)
@@ -41,6 +49,7 @@ class Network:
     privileged: bool = False
     host_network: bool = False
     env: dict[str, str] = field(default_factory=dict)  # public env the role's ConfigMap gets (the user's wins)
+    pod_env: tuple[dict[str, Any], ...] = ()  # env the container takes from its pod (fieldRef)
 
 
 def ib_devices(role: Role) -> str | None:
@@ -73,6 +82,8 @@ def network(rs: RoleSet, problems: list[Problem]) -> Network:
         env["MC_FORCE_TCP"] = "1"  # what SGLang's mooncake_tcp sets: mooncake's TCP transport
     elif backend == "mooncake_tcp":
         kv = "tcp"
+    if rs.settings.socket_ifname:
+        env["GLOO_SOCKET_IFNAME"] = env["NCCL_SOCKET_IFNAME"] = rs.settings.socket_ifname
     resource = rs.settings.rdma_resource if rdma else None
     privileged = bool(rs.settings.privileged)
     if rdma and not resource and not privileged:
@@ -82,8 +93,9 @@ def network(rs: RoleSet, problems: list[Problem]) -> Network:
             "(kubernetes.rdma_resource in the inventory, e.g. rdma/ib) or runs privileged (kubernetes.privileged: "
             "true in the role)")))
     host_network = rs.settings.host_network if rs.settings.host_network is not None else rdma
+    pod_env = (HOST_IP_ENV,) if host_network else ()
     return Network(backend=backend, kv=kv, rdma=rdma, ib_devices=ib, rdma_resource=resource,
-                   privileged=privileged, host_network=host_network, env=env)
+                   privileged=privileged, host_network=host_network, env=env, pod_env=pod_env)
 
 
 def role_env(net: Network, env: dict[str, str]) -> dict[str, str]:
@@ -122,3 +134,13 @@ def rdma_note(sets: list[tuple[RoleSet, Network]]) -> str | None:
                  "node's, so two such pods on one node must not share one (the plan checked this per inventory host "
                  "only).")
     return text + " GID index, traffic class and service level are your fabric's: set NCCL_IB_* in the role's env."
+
+
+def interface_note(sets: list[tuple[RoleSet, Network]]) -> str | None:
+    unpinned = [rs.role.name for rs, net in sets if net.host_network and not rs.settings.socket_ifname]
+    if not unpinned:
+        return None
+    return (f"{', '.join(unpinned)} run on the host network with no interface named: gloo and NCCL pick one of the "
+            "node's themselves, which on a node with several NICs may not be the one the other pods reach. Name it "
+            "with kubernetes.socket_ifname in the inventory (GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME); "
+            "SGLANG_HOST_IP is the pod's (the node's) address.")
