@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from k8stools import DECODE, PREFILL, by_kind, container, docs, multinode, pd_inventory
+from k8stools import DECODE, PREFILL, ROUTER, by_kind, container, docs, multinode, pd_inventory, write_inventory
 
 from gpudeploy.errors import InputError
 from gpudeploy.k8s import render
@@ -157,3 +157,78 @@ def test_6_the_users_own_value_wins(tmp_path: Path) -> None:
     inv = multinode(tmp_path, tp16={"kubernetes": {"socket_ifname": "eth0"}, "env": {"NCCL_SOCKET_IFNAME": "=ib0"}})
     env = engine_env(render(inv).streams["big"], "big-tp16")
     assert (env["GLOO_SOCKET_IFNAME"], env["NCCL_SOCKET_IFNAME"]) == ("eth0", "=ib0")
+
+
+WITH_MEMORY = {"numa_nodes": [{"id": 0, "gpus": [0, 1, 2, 3], "cpus": "0-15", "memory_gib": 512},
+                              {"id": 1, "gpus": [4, 5, 6, 7], "cpus": "16-31", "memory_gib": 512}]}
+
+
+def pd_with_memory(root: Path, prefill: dict[str, Any] | None = None, **kwargs: Any) -> str:
+    return write_inventory(root, {"n1": {**WITH_MEMORY, "address": "192.0.2.11",
+                                         "roles": ["prefill", "decode", "router"]}},
+                           {"prefill": {**PREFILL, **(prefill or {})}, "decode": DECODE, "router": ROUTER}, **kwargs)
+
+
+def test_3_pods_request_cpu_and_memory_from_the_inventory(tmp_path: Path) -> None:
+    """GPU-only requests make a pod BestEffort (QoS counts CPU and memory only): evicted and
+    OOM-killed first. The pod asks for its share of its NUMA node, less what the node keeps."""
+    r = render(pd_with_memory(tmp_path))
+    text = r.streams["t"]
+    c = container(by_kind(text, "LeaderWorkerSet")["t-prefill"])
+    # NUMA node 0: 16 CPUs, 512 GiB, all 4 GPUs the prefill's; 2 CPUs and 16 GiB kept by default.
+    assert c["resources"]["requests"] == {"cpu": 14, "memory": "496Gi", "nvidia.com/gpu": 4}
+    assert c["resources"]["limits"] == {"memory": "496Gi", "nvidia.com/gpu": 4}  # Burstable: no CPU limit
+    router = container(by_kind(text, "Deployment")["t-router"])
+    assert router["resources"]["requests"] == {"cpu": 1, "memory": "2Gi"}
+    qos = next(n for n in r.notes["t"] if n.startswith("QoS class:"))
+    assert "prefill Burstable" in qos and "router Burstable" in qos and "BestEffort" not in qos
+
+
+def test_3_guaranteed_qos_when_asked(tmp_path: Path) -> None:
+    r = render(pd_with_memory(tmp_path, prefill={"kubernetes": {"qos": "guaranteed"}},
+                              defaults={"kubernetes": {"reserved_cpus": 0, "reserved_memory_gib": 0}}))
+    c = container(by_kind(r.streams["t"], "LeaderWorkerSet")["t-prefill"])
+    assert c["resources"]["requests"] == c["resources"]["limits"] == {"cpu": 16, "memory": "512Gi",
+                                                                        "nvidia.com/gpu": 4}
+    qos = next(n for n in r.notes["t"] if n.startswith("QoS class:"))
+    assert "prefill Guaranteed" in qos and "decode Burstable" in qos
+    assert any("single-numa-node" in n and "static" in n and "prefill" in n for n in r.notes["t"])
+
+
+def test_3_shm_has_a_size_limit(tmp_path: Path) -> None:
+    """An unbounded Memory emptyDir may take the node's memory; llm-d gives 16-64 Gi, Dynamo 8 Gi."""
+    r = render(pd_with_memory(tmp_path, prefill={"kubernetes": {"shm_gib": 32}}))
+    volumes = lws_pod(r.streams["t"], "t-prefill")["volumes"]
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "32Gi"}} in volumes
+    volumes = lws_pod(r.streams["t"], "t-decode")["volumes"]
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}} in volumes
+
+
+def test_3_roles_that_share_a_numa_node_share_its_cpus(tmp_path: Path) -> None:
+    tp2 = {**DECODE, "tp_size": 2}
+    inv = write_inventory(tmp_path, {"n1": {**WITH_MEMORY, "address": "192.0.2.11", "roles": ["a", "b"]}},
+                          {"a": tp2, "b": tp2})
+    text = render(inv).streams["t"]
+    for name in ("t-a", "t-b"):  # both on NUMA node 0, 2 of its 4 GPUs each
+        assert container(by_kind(text, "LeaderWorkerSet")[name])["resources"]["requests"] == {
+            "cpu": 7, "memory": "248Gi", "nvidia.com/gpu": 2}
+
+
+def test_3_without_memory_sizes_only_cpu_is_requested_and_notes_say_so(tmp_path: Path) -> None:
+    r = render(pd_inventory(tmp_path))
+    c = container(by_kind(r.streams["t"], "LeaderWorkerSet")["t-prefill"])
+    assert c["resources"]["requests"] == {"cpu": 14, "nvidia.com/gpu": 4}
+    qos = next(n for n in r.notes["t"] if n.startswith("QoS class:"))
+    assert "prefill Burstable" in qos and "numa_nodes[].memory_gib" in qos
+
+
+def test_3_impossible_sizes_are_refused_with_their_file_and_line(tmp_path: Path) -> None:
+    with pytest.raises(InputError) as err:
+        render(pd_inventory(tmp_path / "a", prefill={"kubernetes": {"qos": "guaranteed"}}))
+    [p] = err.value.problems
+    assert p.key == "kubernetes.qos" and p.file and p.file.endswith("roles/prefill.yml") and p.line
+    assert "needs a memory size" in p.message
+    with pytest.raises(InputError) as err:
+        render(pd_with_memory(tmp_path / "b", prefill={"kubernetes": {"memory_gib": 8}}))
+    [p] = err.value.problems
+    assert p.key == "kubernetes.memory_gib" and "/dev/shm" in p.message

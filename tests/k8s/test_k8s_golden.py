@@ -80,14 +80,15 @@ def test_golden_engines_match_the_plan() -> None:
     lws = {d["metadata"]["name"]: d for d in docs(text) if d["kind"] == "LeaderWorkerSet"}
     for name in ("lab-prefill", "lab-decode"):
         c = container(lws[name])
-        assert c["resources"]["requests"] == c["resources"]["limits"] == {"nvidia.com/gpu": 4}
+        assert c["resources"]["requests"]["nvidia.com/gpu"] == c["resources"]["limits"]["nvidia.com/gpu"] == 4
+        assert c["resources"]["requests"]["cpu"] >= 1  # never BestEffort
         start = c["startupProbe"]
         assert start["httpGet"] == {"path": "/health", "port": "http"}
         assert start["failureThreshold"] * start["periodSeconds"] >= 1800  # roles/prefill.yml health.timeout_s
         assert c["readinessProbe"]["httpGet"]["path"] == "/health"
         assert c["command"] == ["python3"] and "/usr/bin/python3" not in c["args"]
-        assert {"name": "dshm", "emptyDir": {"medium": "Memory"}} in lws[name]["spec"]["leaderWorkerTemplate"][
-            "workerTemplate"]["spec"]["volumes"]
+        pod = lws[name]["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]
+        assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}} in pod["volumes"]
         assert lws[name]["spec"]["startupPolicy"] == "LeaderReady"
         assert lws[name]["spec"]["leaderWorkerTemplate"]["restartPolicy"] == "RecreateGroupOnPodRestart"
     [router] = [d for d in docs(text) if d["kind"] == "Deployment"]

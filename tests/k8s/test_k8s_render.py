@@ -40,8 +40,8 @@ def test_a_role_over_two_nodes_is_one_leaderworkerset_of_size_2(tmp_path: Path) 
     assert pairs["--dist-init-addr"] == "$(LWS_LEADER_ADDRESS):20000"
     assert pairs["--nnodes"] == "$(LWS_GROUP_SIZE)" and pairs["--node-rank"] == "$(LWS_WORKER_INDEX)"
     assert pairs["--tp-size"] == "16" and pairs["--host"] == "0.0.0.0"
-    for c in (leader, worker):  # eight GPUs per node, requests = limits
-        assert c["resources"] == {"requests": {"nvidia.com/gpu": 8}, "limits": {"nvidia.com/gpu": 8}}
+    for c in (leader, worker):  # eight GPUs per node, requests = limits; the node's 64 CPUs less 2 kept
+        assert c["resources"] == {"requests": {"cpu": 62, "nvidia.com/gpu": 8}, "limits": {"nvidia.com/gpu": 8}}
     # The leader is Ready once its store listens, or LWS would never create the workers it waits for.
     assert leader["startupProbe"]["tcpSocket"] == {"port": "dist-init"}
     assert leader["startupProbe"]["failureThreshold"] * leader["startupProbe"]["periodSeconds"] >= 3600

@@ -50,7 +50,7 @@ def render(inventory: str, options: Options | None = None, deployment: str | Non
     plan = load_plan(inventory, deployment=deployment, memory=False)
     manifests = build(plan, options)
     sets = role_sets(plan)
-    notes = {dep: deployment_notes(sets[dep], options, K8S_VERSION) for dep in manifests}
+    notes = {dep: deployment_notes(sets[dep], manifests[dep], options, K8S_VERSION) for dep in manifests}
     streams = {dep: stream(dep, inventory, ms, notes[dep]) for dep, ms in manifests.items()}
     problems: list[Problem] = []
     for dep, text in streams.items():

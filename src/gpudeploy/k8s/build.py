@@ -24,6 +24,7 @@ from ..model import Plan, Role, Unit
 from ..plan.build import RESERVED_ENV
 from . import lws, names
 from .args import CONTAINER_PYTHON, engine_args, router_args
+from .resources import Figures, figures, quantity
 from .roleset import Manifest, RoleSet, problem, role_sets, same
 from .transport import network, role_env
 
@@ -32,7 +33,6 @@ IMAGE = "lmsysorg/sglang:v{release}"  # SGLang's own images: the engine and its 
 PROBE_PERIOD_S = 10
 PROBE_TIMEOUT_S = 5
 READY_FAILURES = 3
-GPU_RESOURCE = "nvidia.com/gpu"
 
 
 @dataclass(frozen=True)
@@ -111,6 +111,9 @@ def _engine(rs: RoleSet, image: str, options: Options, problems: list[Problem]) 
     net = network(rs, problems)
     env = role_env(net, env)
     rdma = net.rdma
+    figs = figures(rs, net.rdma_resource, problems)
+    if figs is None:
+        return []
     set_name = names.engine(dep, role.name)
     labels = names.labels(dep, role.name, "sglang")
     ports = [("http", lead.ports["http"])]
@@ -130,11 +133,9 @@ def _engine(rs: RoleSet, image: str, options: Options, problems: list[Problem]) 
             container["env"] = env_list
         # Only the leader listens on the dist-init port (its torch.distributed store).
         container["ports"] = [{"name": n, "containerPort": p} for n, p in ports if leader or n != "dist-init"]
-        if gpus:
-            wanted: dict[str, Any] = {GPU_RESOURCE: gpus}
-            if net.rdma_resource:
-                wanted[net.rdma_resource] = 1  # the device plugin opens /dev/infiniband to the pod
-            container["resources"] = {"requests": dict(wanted), "limits": dict(wanted)}
+        # CPU and memory too (a pod that requests only GPUs is BestEffort); the RDMA device plugin's
+        # resource opens /dev/infiniband to the pod.
+        container["resources"] = figs.resources()
         if leader:
             container.update(_engine_probes(rs))
         container["volumeMounts"] = _mounts(role, rdma)
@@ -143,7 +144,7 @@ def _engine(rs: RoleSet, image: str, options: Options, problems: list[Problem]) 
             security["capabilities"] = {"add": ["IPC_LOCK"]}  # RDMA pins (locks) its registered memory
         if security:
             container["securityContext"] = security
-        spec: dict[str, Any] = {"containers": [container], "volumes": _volumes(role, rdma, options.model_pvc),
+        spec: dict[str, Any] = {"containers": [container], "volumes": _volumes(role, rdma, options.model_pvc, figs),
                                 "terminationGracePeriodSeconds": math.ceil(role.stop_timeout_s)}
         if net.host_network:
             spec["hostNetwork"] = True
@@ -211,7 +212,8 @@ def _router(rs: RoleSet, urls: dict[str, str], images: dict[str, str], options: 
     if image is None:
         problems.append(problem(rs, "upstreams", "no image for the router: it fronts no sglang engine of this "
                                                   "deployment; give one with --router-image"))
-    if args is None or env is None or image is None:
+    figs = figures(rs, None, problems)
+    if args is None or env is None or image is None or figs is None:
         return []
     name = names.router(dep, role.name)
     labels = names.labels(dep, role.name, "sglang-router")
@@ -222,6 +224,7 @@ def _router(rs: RoleSet, urls: dict[str, str], images: dict[str, str], options: 
     if role.secret_env:
         container["env"] = secret_env(dep, role.secret_env)
     container["ports"] = [{"name": "http", "containerPort": lead.ports["http"]}]
+    container["resources"] = figs.resources()
     # /liveness answers once the router serves; /readiness (the role's path) once its workers are
     # healthy, which takes as long as the engines' model load: readiness waits, nothing restarts.
     container.update(_probes(role, {"httpGet": {"path": "/liveness", "port": "http"}},
@@ -273,8 +276,10 @@ def _mounts(role: Role, rdma: bool) -> list[dict[str, Any]]:
     return mounts
 
 
-def _volumes(role: Role, rdma: bool, model_pvc: str | None) -> list[dict[str, Any]]:
-    volumes: list[dict[str, Any]] = [{"name": "dshm", "emptyDir": {"medium": "Memory"}}]
+def _volumes(role: Role, rdma: bool, model_pvc: str | None, figs: Figures) -> list[dict[str, Any]]:
+    # Bounded: an unbounded Memory emptyDir may grow to the node's memory (and counts against the pod's).
+    volumes: list[dict[str, Any]] = [{"name": "dshm", "emptyDir": {"medium": "Memory",
+                                                                   "sizeLimit": quantity(figs.shm_gib)}}]
     path = model_dir(role)
     if path and model_pvc:
         # Mounted at the planned path, so --model-path stays the one the plan rendered and checked.

@@ -10,7 +10,8 @@ from __future__ import annotations
 from . import lws
 from .build import Options, engine_image, model_dir
 from .names import leader_service, secret
-from .roleset import RoleSet
+from .resources import qos_class
+from .roleset import Manifest, RoleSet
 from .transport import interface_note, network, rdma_note, tcp_note
 
 VALIDATED = ("Validated offline: the LeaderWorkerSet against its CRD's schema (kubernetes-sigs/lws 060ab4d, "
@@ -20,7 +21,38 @@ VALIDATED = ("Validated offline: the LeaderWorkerSet against its CRD's schema (k
              "and the images.")
 
 
-def deployment_notes(sets: list[RoleSet], options: Options, k8s_version: str) -> list[str]:
+def qos_classes(manifests: list[Manifest]) -> dict[str, str]:
+    """role -> the QoS class of its pods, as the kubelet will compute it from the rendered spec."""
+    out: dict[str, str] = {}
+    for m in manifests:
+        spec = m.doc.get("spec") or {}
+        templates = [spec.get("template")] + [(spec.get("leaderWorkerTemplate") or {}).get(t)
+                                              for t in ("leaderTemplate", "workerTemplate")]
+        classes = sorted({qos_class(t["spec"]) for t in templates if t})
+        if classes:
+            out[m.role.name] = "/".join(classes)
+    return out
+
+
+def qos_note(sets: list[RoleSet], qos: dict[str, str]) -> str:
+    shown = ", ".join(f"{rs.role.name} {qos[rs.role.name]}" for rs in sets if rs.role.name in qos)
+    text = (f"QoS class: {shown}. Burstable pods request CPU and memory (where its size is known) and limit "
+            "memory to its request, not CPU; Guaranteed ones (kubernetes.qos: guaranteed) limit both to their "
+            "requests. Engines ask for their share of their NUMA nodes' CPUs and memory (less "
+            "kubernetes.reserved_cpus and reserved_memory_gib per node, 2 and 16 GiB unless the inventory says), "
+            "routers for 1 CPU and 2 GiB; kubernetes.cpus and memory_gib in a role replace them.")
+    unsized = [rs.role.name for rs in sets
+               if rs.role.engine == "sglang" and rs.role.kubernetes.memory_gib is None
+               and any(n.memory_gib is None for u in rs.units for n in u.host.numa_nodes
+                       if any(g in n.gpus for g in u.gpus))]
+    if unsized:
+        text += (f" {', '.join(unsized)} request no memory: the inventory gives no numa_nodes[].memory_gib for their "
+                 "NUMA nodes (or give kubernetes.memory_gib in the role).")
+    return text
+
+
+def deployment_notes(sets: list[RoleSet], manifests: list[Manifest], options: Options,
+                     k8s_version: str) -> list[str]:
     engines = [rs for rs in sets if rs.role.engine == "sglang"]
     routers = [rs for rs in sets if rs.role.engine == "sglang_router"]
     notes: list[str] = []
@@ -29,14 +61,20 @@ def deployment_notes(sets: list[RoleSet], options: Options, k8s_version: str) ->
             f"Needs LeaderWorkerSet {lws.MIN_VERSION} or later in the cluster: its webhook gives every pod "
             f"{' and '.join(lws.INJECTED)} (the latter from {lws.MIN_VERSION}); LWS_WORKER_INDEX, which it gives "
             "only from v0.6.0, is set here from the pod's worker-index label.")
+    qos = qos_classes(manifests)
+    notes.append(qos_note(sets, qos))
     bound = [f"{u.role.name} on {u.host.name}: NUMA node {u.numa_node}, CPUs {u.cpus}"
              for rs in engines for u in rs.units if u.numa_node is not None and u.cpus]
+    aligned = [rs.role.name for rs in engines if qos.get(rs.role.name) == "Guaranteed"]
+    loose = [rs.role.name for rs in engines if qos.get(rs.role.name) != "Guaranteed"]
     notes.append(
-        "NUMA placement is not expressed" + (f" ({'; '.join(bound)})" if bound else "") + ". Kubernetes "
-        "aligns a pod's GPUs, CPUs and memory to one NUMA node only where the kubelet runs the Topology "
-        "Manager with policy single-numa-node and the CPU Manager with policy static, and only for Guaranteed "
-        "pods (integer CPU and memory requests equal to their limits). These pods request GPUs only (the "
-        "inventory gives no CPU count or memory size per server), so they are Burstable.")
+        "NUMA placement is not expressed" + (f" ({'; '.join(bound)})" if bound else "") + ". The kubelet puts a "
+        "pod's GPUs, CPUs and memory on one NUMA node only where it runs the Topology Manager with policy "
+        "single-numa-node and the CPU Manager with policy static (the Memory Manager with policy Static for its "
+        "memory), and only for Guaranteed pods with whole CPUs"
+        + (f": {', '.join(aligned)} are Guaranteed, so such nodes align them" if aligned else "")
+        + (f"{'; ' if aligned else ': '}{', '.join(loose)} are not (kubernetes.qos: guaranteed in the role)"
+           if loose else "") + ".")
     indices = [f"{u.role.name} on {u.host.name}: {','.join(str(g) for g in u.gpus)}"
                for rs in engines for u in rs.units if u.gpus]
     if indices:
