@@ -232,3 +232,21 @@ def test_3_impossible_sizes_are_refused_with_their_file_and_line(tmp_path: Path)
         render(pd_with_memory(tmp_path / "b", prefill={"kubernetes": {"memory_gib": 8}}))
     [p] = err.value.problems
     assert p.key == "kubernetes.memory_gib" and "/dev/shm" in p.message
+
+
+def test_4_a_multi_node_group_is_ready_when_its_ranks_serve_not_when_a_port_opens(tmp_path: Path) -> None:
+    """With LeaderReady the leader had to be Ready before LWS made its workers, so it was probed on
+    its dist-init port: the group counted as serving minutes before it did and stayed Ready if it
+    hung, and rolling updates moved on that. LeaderCreated starts every rank at once, and each
+    probes SGLang's /health: the leader's API (up once every rank joined), a worker's health
+    server (SGLang's on non-zero ranks, up once their schedulers are)."""
+    r = render(multinode(tmp_path))
+    lws = by_kind(r.streams["big"], "LeaderWorkerSet")["big-tp16"]
+    assert lws["spec"]["startupPolicy"] == "LeaderCreated"
+    for template in ("leaderTemplate", "workerTemplate"):
+        c = container(lws, template)
+        for probe in ("startupProbe", "readinessProbe"):
+            assert c[probe]["httpGet"] == {"path": "/health", "port": "http"}, (template, probe)
+        assert {"name": "http", "containerPort": 30000} in c["ports"]
+    assert "tcpSocket" not in r.streams["big"]
+    assert any("LeaderCreated" in n and "every rank" in n for n in r.notes["big"])

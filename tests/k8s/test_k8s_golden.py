@@ -89,7 +89,7 @@ def test_golden_engines_match_the_plan() -> None:
         assert c["command"] == ["python3"] and "/usr/bin/python3" not in c["args"]
         pod = lws[name]["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]
         assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}} in pod["volumes"]
-        assert lws[name]["spec"]["startupPolicy"] == "LeaderReady"
+        assert lws[name]["spec"]["startupPolicy"] == "LeaderCreated"
         assert lws[name]["spec"]["leaderWorkerTemplate"]["restartPolicy"] == "RecreateGroupOnPodRestart"
     [router] = [d for d in docs(text) if d["kind"] == "Deployment"]
     args = container(router)["args"]

@@ -136,8 +136,7 @@ def _engine(rs: RoleSet, image: str, options: Options, problems: list[Problem]) 
         # CPU and memory too (a pod that requests only GPUs is BestEffort); the RDMA device plugin's
         # resource opens /dev/infiniband to the pod.
         container["resources"] = figs.resources()
-        if leader:
-            container.update(_engine_probes(rs))
+        container.update(_engine_probes(rs))  # every rank: the leader's API, a worker's health server
         container["volumeMounts"] = _mounts(role, rdma)
         security: dict[str, Any] = {"privileged": True} if net.privileged else {}
         if rdma:
@@ -160,7 +159,9 @@ def _engine(rs: RoleSet, image: str, options: Options, problems: list[Problem]) 
     lws_doc = {
         "apiVersion": LWS_API, "kind": "LeaderWorkerSet",
         "metadata": {"name": set_name, "labels": dict(labels)},
-        "spec": {"replicas": rs.replicas, "startupPolicy": "LeaderReady", "leaderWorkerTemplate": template},
+        # LeaderCreated (LWS's default): the workers start with the leader, so each rank can be
+        # probed on /health; LeaderReady would hold them until a leader that needs them is Ready.
+        "spec": {"replicas": rs.replicas, "startupPolicy": "LeaderCreated", "leaderWorkerTemplate": template},
     }
     service = {
         "apiVersion": "v1", "kind": "Service",
@@ -173,14 +174,11 @@ def _engine(rs: RoleSet, image: str, options: Options, problems: list[Problem]) 
 
 
 def _engine_probes(rs: RoleSet) -> dict[str, Any]:
-    """The leader's probes. A group of one: the engine's health path. A group of several: the
-    leader's torch.distributed store (the dist-init port), because with startupPolicy LeaderReady
-    LWS creates the workers only once the leader is Ready, and the leader's /health answers only
-    after every rank has joined: a probe on /health there would wait forever (see notes.py)."""
-    if rs.size > 1:
-        check: dict[str, Any] = {"tcpSocket": {"port": "dist-init"}}
-    else:
-        check = {"httpGet": {"path": rs.role.health.path, "port": "http"}}
+    """Every rank's probes, on the role's health path at its http port: the leader's is SGLang's
+    API (200 once every rank has joined and the server is up), a worker's (node rank >= 1) is the
+    health server SGLang starts there once its schedulers are ready (``launch_dummy_health_check_server``,
+    ``srt/utils/common.py``). So the group is Ready when it serves, and not Ready when it stops."""
+    check = {"httpGet": {"path": rs.role.health.path, "port": "http"}}
     return _probes(rs.role, check, dict(check))
 
 

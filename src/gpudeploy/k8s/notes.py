@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from . import lws
 from .build import Options, engine_image, model_dir
-from .names import leader_service, secret
+from .names import secret
 from .resources import qos_class
 from .roleset import Manifest, RoleSet
 from .transport import interface_note, network, rdma_note, tcp_note
@@ -118,12 +118,12 @@ def deployment_notes(sets: list[RoleSet], manifests: list[Manifest], options: Op
     for rs in engines:
         if rs.size > 1:
             notes.append(
-                f"{rs.role.name} spans {rs.size} nodes per group. Its leader is Ready once its torch.distributed "
-                "store listens (the dist-init port), not at its health path: with startupPolicy LeaderReady, LWS "
-                "creates the workers only after the leader is Ready, and SGLang's leader answers "
-                f"{rs.role.health.path} only after every rank has joined. So Service "
-                f"{leader_service(rs.deployment, rs.role.name)} may send requests to a leader that is still "
-                "loading (refused until it serves); a router's own health checks hold its traffic until then.")
+                f"{rs.role.name} spans {rs.size} nodes per group, started together (startupPolicy LeaderCreated): "
+                f"every rank is probed on {rs.role.health.path}, the leader's API answering once every rank has "
+                "joined, a worker's once its schedulers are ready, so the group is Ready when it serves. A worker "
+                "that starts before the leader's address resolves retries the leader's store until SGLang's "
+                "--dist-timeout; a rank that fails or overruns its startup probe restarts the whole group "
+                "(RecreateGroupOnPodRestart).")
     nets = [(rs, network(rs, [])) for rs in engines]
     if tcp := tcp_note(nets):
         notes.append(tcp)
