@@ -250,3 +250,23 @@ def test_4_a_multi_node_group_is_ready_when_its_ranks_serve_not_when_a_port_open
         assert {"name": "http", "containerPort": 30000} in c["ports"]
     assert "tcpSocket" not in r.streams["big"]
     assert any("LeaderCreated" in n and "every rank" in n for n in r.notes["big"])
+
+
+def startup_budget(c: dict[str, Any]) -> int:
+    probe = c["startupProbe"]
+    return int(probe["failureThreshold"] * probe["periodSeconds"])
+
+
+def test_8_the_startup_budget_has_room_and_readiness_outwaits_a_health_generation(tmp_path: Path) -> None:
+    """Overrunning the startup probe restarts the container, and with RecreateGroupOnPodRestart the
+    whole group, in a loop: a budget equal to health.timeout_s left no room (llm-d allows 30 s x
+    120). SGLang's /health runs a one-token generation and answers 503 itself after
+    SGLANG_HEALTH_CHECK_TIMEOUT (20 s): a 5 s probe timeout failed a busy server before that."""
+    r = render(multinode(tmp_path))  # health.timeout_s 3600
+    c = container(by_kind(r.streams["big"], "LeaderWorkerSet")["big-tp16"], "leaderTemplate")
+    assert startup_budget(c) >= 7200
+    assert c["readinessProbe"]["timeoutSeconds"] > 20
+    text = render(pd_inventory(tmp_path / "pd", prefill={"env": {"SGLANG_HEALTH_CHECK_TIMEOUT": "60"}})).streams["t"]
+    prefill = container(by_kind(text, "LeaderWorkerSet")["t-prefill"])  # health.timeout_s 900
+    assert startup_budget(prefill) >= 3600 and prefill["readinessProbe"]["timeoutSeconds"] > 60
+    assert any("startup" in n and "7200 s" in n for n in r.notes["big"])

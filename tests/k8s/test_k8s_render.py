@@ -140,7 +140,7 @@ def test_a_role_value_no_manifest_can_hold_is_refused_and_nothing_is_written(tmp
     assert "nothing was changed" in err
     assert "roles/prefill.yml" in err and "key health.timeout_s" in err
     assert "LeaderWorkerSet t-prefill of deployment t" in err
-    assert "startupProbe.failureThreshold: 100000000000 does not fit an int32" in err
+    assert "startupProbe.failureThreshold: 200000000000 does not fit an int32" in err  # 2 x health.timeout_s
     assert "LeaderWorkerSet v1 CRD schema at" in err and "failureThreshold/format" in err
 
 

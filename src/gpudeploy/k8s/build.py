@@ -24,15 +24,13 @@ from ..model import Plan, Role, Unit
 from ..plan.build import RESERVED_ENV
 from . import lws, names
 from .args import CONTAINER_PYTHON, engine_args, router_args
+from .probes import engine_probes, router_probes
 from .resources import Figures, figures, quantity
 from .roleset import Manifest, RoleSet, problem, role_sets, same
 from .transport import network, role_env
 
 LWS_API = lws.API
 IMAGE = "lmsysorg/sglang:v{release}"  # SGLang's own images: the engine and its sglang-router
-PROBE_PERIOD_S = 10
-PROBE_TIMEOUT_S = 5
-READY_FAILURES = 3
 
 
 @dataclass(frozen=True)
@@ -136,7 +134,10 @@ def _engine(rs: RoleSet, image: str, options: Options, problems: list[Problem]) 
         # CPU and memory too (a pod that requests only GPUs is BestEffort); the RDMA device plugin's
         # resource opens /dev/infiniband to the pod.
         container["resources"] = figs.resources()
-        container.update(_engine_probes(rs))  # every rank: the leader's API, a worker's health server
+        # Every rank: the leader's API (200 once every rank has joined and the server is up), a
+        # worker's (node rank >= 1) the health server SGLang starts there once its schedulers are
+        # ready (launch_dummy_health_check_server, srt/utils/common.py): the group is Ready when it serves.
+        container.update(engine_probes(role, env))
         container["volumeMounts"] = _mounts(role, rdma)
         security: dict[str, Any] = {"privileged": True} if net.privileged else {}
         if rdma:
@@ -173,26 +174,6 @@ def _engine(rs: RoleSet, image: str, options: Options, problems: list[Problem]) 
     return [_config_map(rs, env), Manifest(lws_doc, dep, role), Manifest(service, dep, role)]
 
 
-def _engine_probes(rs: RoleSet) -> dict[str, Any]:
-    """Every rank's probes, on the role's health path at its http port: the leader's is SGLang's
-    API (200 once every rank has joined and the server is up), a worker's (node rank >= 1) is the
-    health server SGLang starts there once its schedulers are ready (``launch_dummy_health_check_server``,
-    ``srt/utils/common.py``). So the group is Ready when it serves, and not Ready when it stops."""
-    check = {"httpGet": {"path": rs.role.health.path, "port": "http"}}
-    return _probes(rs.role, check, dict(check))
-
-
-def _probes(role: Role, startup: dict[str, Any], ready: dict[str, Any]) -> dict[str, Any]:
-    """startupProbe sized so that failureThreshold x periodSeconds covers the role's health timeout."""
-    failures = max(1, math.ceil(role.health.timeout_s / PROBE_PERIOD_S))
-    return {
-        "startupProbe": {**startup, "periodSeconds": PROBE_PERIOD_S, "timeoutSeconds": PROBE_TIMEOUT_S,
-                         "failureThreshold": failures},
-        "readinessProbe": {**ready, "periodSeconds": PROBE_PERIOD_S, "timeoutSeconds": PROBE_TIMEOUT_S,
-                           "failureThreshold": READY_FAILURES},
-    }
-
-
 def _router(rs: RoleSet, urls: dict[str, str], images: dict[str, str], options: Options,
             problems: list[Problem]) -> list[Manifest]:
     role, dep, lead = rs.role, rs.deployment, rs.leaders[0]
@@ -223,10 +204,7 @@ def _router(rs: RoleSet, urls: dict[str, str], images: dict[str, str], options: 
         container["env"] = secret_env(dep, role.secret_env)
     container["ports"] = [{"name": "http", "containerPort": lead.ports["http"]}]
     container["resources"] = figs.resources()
-    # /liveness answers once the router serves; /readiness (the role's path) once its workers are
-    # healthy, which takes as long as the engines' model load: readiness waits, nothing restarts.
-    container.update(_probes(role, {"httpGet": {"path": "/liveness", "port": "http"}},
-                             {"httpGet": {"path": role.health.path, "port": "http"}}))
+    container.update(router_probes(role))
     deployment = {
         "apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {"name": name, "labels": dict(labels)},

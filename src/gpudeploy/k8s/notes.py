@@ -10,6 +10,7 @@ from __future__ import annotations
 from . import lws
 from .build import Options, engine_image, model_dir
 from .names import secret
+from .probes import startup_budget_s
 from .resources import qos_class
 from .roleset import Manifest, RoleSet
 from .transport import interface_note, network, rdma_note, tcp_note
@@ -124,6 +125,14 @@ def deployment_notes(sets: list[RoleSet], manifests: list[Manifest], options: Op
                 "that starts before the leader's address resolves retries the leader's store until SGLang's "
                 "--dist-timeout; a rank that fails or overruns its startup probe restarts the whole group "
                 "(RecreateGroupOnPodRestart).")
+    if engines:
+        budgets = ", ".join(f"{rs.role.name} {startup_budget_s(rs.role)} s" for rs in engines)
+        notes.append(
+            f"Startup: an engine pod may take {budgets} to serve (twice its health.timeout_s, an hour at least) "
+            "before its startup probe restarts it, and with RecreateGroupOnPodRestart its whole group; its "
+            "readiness probe waits out SGLang's own health-check time (SGLANG_HEALTH_CHECK_TIMEOUT, 20 s unless the "
+            "role's env sets it) and 5 s "
+            "more, since /health runs a generation.")
     nets = [(rs, network(rs, [])) for rs in engines]
     if tcp := tcp_note(nets):
         notes.append(tcp)
