@@ -270,3 +270,26 @@ def test_8_the_startup_budget_has_room_and_readiness_outwaits_a_health_generatio
     prefill = container(by_kind(text, "LeaderWorkerSet")["t-prefill"])  # health.timeout_s 900
     assert startup_budget(prefill) >= 3600 and prefill["readinessProbe"]["timeoutSeconds"] > 60
     assert any("startup" in n and "7200 s" in n for n in r.notes["big"])
+
+
+def router_flag(text: str, name: str, flag: str) -> str:
+    args = container(by_kind(text, "Deployment")[name])["args"]
+    assert args.count(flag) == 1, args
+    return str(args[args.index(flag) + 1])
+
+
+def test_7_the_router_waits_for_workers_as_long_as_they_may_take_to_start(tmp_path: Path) -> None:
+    """On Kubernetes router and engines start together; the router drops a worker that is not
+    healthy after --worker-startup-timeout-secs (default 1800 s), shorter than a TP16 load."""
+    text = render(multinode(tmp_path)).streams["big"]
+    c = container(by_kind(text, "LeaderWorkerSet")["big-tp16"], "leaderTemplate")
+    assert int(router_flag(text, "big-front", "--worker-startup-timeout-secs")) >= startup_budget(c)
+
+
+def test_7_a_shorter_timeout_of_the_users_is_refused_at_its_line(tmp_path: Path) -> None:
+    front = {"settings": {"worker_startup_timeout_secs": 600}}
+    with pytest.raises(InputError) as err:
+        render(multinode(tmp_path, front=front))
+    [p] = err.value.problems
+    assert p.key == "settings.worker_startup_timeout_secs" and p.role == "front" and p.line
+    assert "600" in p.message and "7200" in p.message

@@ -24,12 +24,13 @@ from ..model import Plan, Role, Unit
 from ..plan.build import RESERVED_ENV
 from . import lws, names
 from .args import CONTAINER_PYTHON, engine_args, router_args
-from .probes import engine_probes, router_probes
+from .probes import engine_probes, router_probes, startup_budget_s
 from .resources import Figures, figures, quantity
 from .roleset import Manifest, RoleSet, problem, role_sets, same
 from .transport import network, role_env
 
 LWS_API = lws.API
+WORKER_STARTUP_FLAG = "--worker-startup-timeout-secs"  # sglang-router 0.3.2
 IMAGE = "lmsysorg/sglang:v{release}"  # SGLang's own images: the engine and its sglang-router
 
 
@@ -48,6 +49,7 @@ def build(plan: Plan, options: Options) -> dict[str, list[Manifest]]:
         raise InputError([Problem(f"--model-pvc: {why}", key="--model-pvc")])
     for dep, sets in role_sets(plan).items():
         urls, images = _upstreams(sets, options)
+        budgets = {e.role.name: startup_budget_s(e.role) for e in sets if e.role.engine == "sglang"}
         manifests: list[Manifest] = []
         for rs in sets:
             before = len(problems)
@@ -55,7 +57,7 @@ def build(plan: Plan, options: Options) -> dict[str, list[Manifest]]:
             if rs.role.engine == "sglang":
                 made = _engine(rs, images[rs.role.name], options, problems)
             elif rs.role.engine == "sglang_router":
-                made = _router(rs, urls, images, options, problems)
+                made = _router(rs, urls, images, budgets, options, problems)
             else:
                 problems.append(problem(rs, "engine", (
                     f"engine {rs.role.engine} cannot be rendered for Kubernetes: its argv is a template of host "
@@ -174,8 +176,8 @@ def _engine(rs: RoleSet, image: str, options: Options, problems: list[Problem]) 
     return [_config_map(rs, env), Manifest(lws_doc, dep, role), Manifest(service, dep, role)]
 
 
-def _router(rs: RoleSet, urls: dict[str, str], images: dict[str, str], options: Options,
-            problems: list[Problem]) -> list[Manifest]:
+def _router(rs: RoleSet, urls: dict[str, str], images: dict[str, str], budgets: dict[str, int],
+            options: Options, problems: list[Problem]) -> list[Manifest]:
     role, dep, lead = rs.role, rs.deployment, rs.leaders[0]
     planned: dict[str, list[str]] = {}
     for u in rs.units:
@@ -184,20 +186,22 @@ def _router(rs: RoleSet, urls: dict[str, str], images: dict[str, str], options: 
             problems.append(problem(rs, "upstreams", f"upstream {url} (on host {u.host.name}) is no engine "
                                                       "rendered for Kubernetes in this deployment"))
         planned[u.host.name] = args
-    args = same(rs, "args", planned, problems)
+    agreed: list[str] | None = same(rs, "args", planned, problems)
     env = same(rs, "env", {u.host.name: _public_env(u) for u in rs.units}, problems)
     ups = [r for kind in ("prefill", "decode", "workers") for r in role.upstreams.get(kind, ())]
+    if agreed is not None:
+        agreed = _worker_startup(rs, agreed, max((budgets[r] for r in ups if r in budgets), default=0), problems)
     image = options.router_image or options.image or next((images[r] for r in ups if r in images), None)
     if image is None:
         problems.append(problem(rs, "upstreams", "no image for the router: it fronts no sglang engine of this "
                                                   "deployment; give one with --router-image"))
     figs = figures(rs, None, problems)
-    if args is None or env is None or image is None or figs is None:
+    if agreed is None or env is None or image is None or figs is None:
         return []
     name = names.router(dep, role.name)
     labels = names.labels(dep, role.name, "sglang-router")
     container: dict[str, Any] = {
-        "name": "router", "image": image, "command": [CONTAINER_PYTHON], "args": args,
+        "name": "router", "image": image, "command": [CONTAINER_PYTHON], "args": agreed,
         "envFrom": [{"configMapRef": {"name": names.env_config(dep, role.name)}}],
     }
     if role.secret_env:
@@ -220,6 +224,28 @@ def _router(rs: RoleSet, urls: dict[str, str], images: dict[str, str], options: 
                  "ports": [{"name": "http", "port": lead.ports["http"], "targetPort": "http"}]},
     }
     return [_config_map(rs, env), Manifest(deployment, dep, role), Manifest(service, dep, role)]
+
+
+def _worker_startup(rs: RoleSet, args: list[str], needed_s: int, problems: list[Problem]) -> list[str] | None:
+    """The router's args with --worker-startup-timeout-secs covering its engines' startup budget.
+
+    On Kubernetes the router starts with its engines, not once they are ready as deploy starts it,
+    and drops a worker still unhealthy after that timeout (default 1800 s, shorter than a TP16
+    load). A shorter one the role sets itself is refused rather than dropped.
+    """
+    if not needed_s:
+        return args
+    if WORKER_STARTUP_FLAG not in args:
+        return [*args, WORKER_STARTUP_FLAG, str(needed_s)]
+    given = args[args.index(WORKER_STARTUP_FLAG) + 1]
+    if given.isdigit() and int(given) >= needed_s:
+        return args
+    key = "settings.worker_startup_timeout_secs" if "worker_startup_timeout_secs" in rs.role.settings else "extra_args"
+    problems.append(problem(rs, key, (
+        f"the router drops a worker that is not healthy {given} s after it starts ({WORKER_STARTUP_FLAG}), but on "
+        f"Kubernetes it starts with its engines, which may take {needed_s} s (their startup budget); raise it to "
+        f"{needed_s} or remove it")))
+    return None
 
 
 def _config_map(rs: RoleSet, env: dict[str, str]) -> Manifest:

@@ -96,9 +96,12 @@ def deployment_notes(sets: list[RoleSet], manifests: list[Manifest], options: Op
         ups = [r for kind in ("prefill", "decode", "workers") for r in rs.role.upstreams.get(kind, ())]
         used = options.router_image or options.image or next(
             (engine_image(e, options) for e in engines if e.role.name in ups), "?")
+        waits = max((startup_budget_s(e.role) for e in engines if e.role.name in ups), default=0)
         notes.append(f"Router {rs.role.name} runs in {used} with the sglang-router that image ships, not "
                      f"necessarily the planned sglang_router {rs.leaders[0].engine_version} (--router-image to "
-                     "choose).")
+                     "choose)." + (f" It starts with its engines, not after them as deploy starts it, so it waits "
+                                   f"up to {waits} s for them (--worker-startup-timeout-secs, their startup "
+                                   "budget)." if waits else ""))
     for path in sorted({p for rs in engines if (p := model_dir(rs.role))}):
         if options.model_pvc:
             notes.append(f"Model: {path} is the PersistentVolumeClaim {options.model_pvc} mounted read-only at that "
