@@ -293,3 +293,24 @@ def test_7_a_shorter_timeout_of_the_users_is_refused_at_its_line(tmp_path: Path)
     [p] = err.value.problems
     assert p.key == "settings.worker_startup_timeout_secs" and p.role == "front" and p.line
     assert "600" in p.message and "7200" in p.message
+
+
+GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+
+
+def test_9_the_router_has_time_to_finish_its_streams_and_gpu_pods_tolerate_gpu_nodes(tmp_path: Path) -> None:
+    """terminationGracePeriodSeconds 30 killed the router 150 s before its own drain
+    (--shutdown-grace-period-secs, default 180) ended: every rollout cut in-flight streams. GPU
+    nodes are often tainted nvidia.com/gpu (GKE does it); OME and llm-d's pods tolerate it."""
+    text = render(pd_inventory(tmp_path / "a")).streams["t"]
+    router = by_kind(text, "Deployment")["t-router"]["spec"]["template"]["spec"]
+    assert router["terminationGracePeriodSeconds"] > 180
+    assert "tolerations" not in router  # it asks for no GPU
+    for name in ("t-prefill", "t-decode"):
+        assert GPU_TOLERATION in lws_pod(text, name)["tolerations"]
+    slow = {**ROUTER, "settings": {"shutdown_grace_period_secs": 600}}
+    inv = write_inventory(tmp_path / "b", {"n1": {"address": "192.0.2.11", "roles": ["prefill", "decode", "router"]}},
+                          {"prefill": PREFILL, "decode": DECODE, "router": slow})
+    router = by_kind(render(inv).streams["t"], "Deployment")["t-router"]["spec"]["template"]["spec"]
+    assert router["terminationGracePeriodSeconds"] > 600
+    assert router_flag(render(inv).streams["t"], "t-router", "--shutdown-grace-period-secs") == "600"

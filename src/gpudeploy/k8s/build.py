@@ -31,6 +31,12 @@ from .transport import network, role_env
 
 LWS_API = lws.API
 WORKER_STARTUP_FLAG = "--worker-startup-timeout-secs"  # sglang-router 0.3.2
+SHUTDOWN_GRACE_FLAG = "--shutdown-grace-period-secs"
+ROUTER_SHUTDOWN_GRACE_S = 180  # sglang-router 0.3.2's default (its --help)
+GRACE_MARGIN_S = 10
+# GPU nodes are often tainted so that only GPU pods land there (GKE: nvidia.com/gpu=present); OME's
+# and llm-d's GPU pods tolerate it.
+GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 IMAGE = "lmsysorg/sglang:v{release}"  # SGLang's own images: the engine and its sglang-router
 
 
@@ -148,6 +154,8 @@ def _engine(rs: RoleSet, image: str, options: Options, problems: list[Problem]) 
             container["securityContext"] = security
         spec: dict[str, Any] = {"containers": [container], "volumes": _volumes(role, rdma, options.model_pvc, figs),
                                 "terminationGracePeriodSeconds": math.ceil(role.stop_timeout_s)}
+        if gpus:
+            spec["tolerations"] = [dict(GPU_TOLERATION)]
         if net.host_network:
             spec["hostNetwork"] = True
             spec["dnsPolicy"] = "ClusterFirstWithHostNet"
@@ -215,7 +223,7 @@ def _router(rs: RoleSet, urls: dict[str, str], images: dict[str, str], budgets: 
         "spec": {"replicas": rs.replicas, "selector": {"matchLabels": names.selector(dep, role.name)},
                  "template": {"metadata": {"labels": dict(labels)},
                               "spec": {"containers": [container],
-                                       "terminationGracePeriodSeconds": math.ceil(role.stop_timeout_s)}}},
+                                       "terminationGracePeriodSeconds": _router_grace_s(role, agreed)}}},
     }
     service = {
         "apiVersion": "v1", "kind": "Service",
@@ -224,6 +232,15 @@ def _router(rs: RoleSet, urls: dict[str, str], images: dict[str, str], budgets: 
                  "ports": [{"name": "http", "port": lead.ports["http"], "targetPort": "http"}]},
     }
     return [_config_map(rs, env), Manifest(deployment, dep, role), Manifest(service, dep, role)]
+
+
+def _router_grace_s(role: Role, args: list[str]) -> int:
+    """Seconds the kubelet gives the router between SIGTERM and SIGKILL: its own drain of in-flight
+    requests (--shutdown-grace-period-secs, 180 s unless set) and a little more, or its streams are
+    cut on every rollout."""
+    given = args[args.index(SHUTDOWN_GRACE_FLAG) + 1] if SHUTDOWN_GRACE_FLAG in args else ""
+    drain = int(given) if given.isdigit() else ROUTER_SHUTDOWN_GRACE_S
+    return max(math.ceil(role.stop_timeout_s), drain + GRACE_MARGIN_S)
 
 
 def _worker_startup(rs: RoleSet, args: list[str], needed_s: int, problems: list[Problem]) -> list[str] | None:
