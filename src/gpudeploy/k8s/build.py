@@ -24,6 +24,7 @@ from ..model import Plan, Role, Unit
 from ..plan.build import RESERVED_ENV
 from . import lws, names
 from .args import CONTAINER_PYTHON, engine_args, router_args
+from .placement import pod_placement
 from .probes import engine_probes, router_probes, startup_budget_s
 from .resources import Figures, figures, quantity
 from .roleset import Manifest, RoleSet, problem, role_sets, same
@@ -34,9 +35,6 @@ WORKER_STARTUP_FLAG = "--worker-startup-timeout-secs"  # sglang-router 0.3.2
 SHUTDOWN_GRACE_FLAG = "--shutdown-grace-period-secs"
 ROUTER_SHUTDOWN_GRACE_S = 180  # sglang-router 0.3.2's default (its --help)
 GRACE_MARGIN_S = 10
-# GPU nodes are often tainted so that only GPU pods land there (GKE: nvidia.com/gpu=present); OME's
-# and llm-d's GPU pods tolerate it.
-GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 IMAGE = "lmsysorg/sglang:v{release}"  # SGLang's own images: the engine and its sglang-router
 
 
@@ -60,6 +58,7 @@ def build(plan: Plan, options: Options) -> dict[str, list[Manifest]]:
         for rs in sets:
             before = len(problems)
             _name_problems(rs, problems)
+            rs.agree(problems)  # one template: every host of the role gives the same kubernetes: settings
             if rs.role.engine == "sglang":
                 made = _engine(rs, images[rs.role.name], options, problems)
             elif rs.role.engine == "sglang_router":
@@ -154,8 +153,7 @@ def _engine(rs: RoleSet, image: str, options: Options, problems: list[Problem]) 
             container["securityContext"] = security
         spec: dict[str, Any] = {"containers": [container], "volumes": _volumes(role, rdma, options.model_pvc, figs),
                                 "terminationGracePeriodSeconds": math.ceil(role.stop_timeout_s)}
-        if gpus:
-            spec["tolerations"] = [dict(GPU_TOLERATION)]
+        spec.update(pod_placement(rs, bool(gpus)))
         if net.host_network:
             spec["hostNetwork"] = True
             spec["dnsPolicy"] = "ClusterFirstWithHostNet"
@@ -181,7 +179,7 @@ def _engine(rs: RoleSet, image: str, options: Options, problems: list[Problem]) 
                  "ports": [{"name": n, "port": p, "targetPort": n}
                            for n, p in ports if n in ("http", "bootstrap")]},
     }
-    return [_config_map(rs, env), Manifest(lws_doc, dep, role), Manifest(service, dep, role)]
+    return [_config_map(rs, env), rs.manifest(lws_doc), rs.manifest(service)]
 
 
 def _router(rs: RoleSet, urls: dict[str, str], images: dict[str, str], budgets: dict[str, int],
@@ -223,7 +221,8 @@ def _router(rs: RoleSet, urls: dict[str, str], images: dict[str, str], budgets: 
         "spec": {"replicas": rs.replicas, "selector": {"matchLabels": names.selector(dep, role.name)},
                  "template": {"metadata": {"labels": dict(labels)},
                               "spec": {"containers": [container],
-                                       "terminationGracePeriodSeconds": _router_grace_s(role, agreed)}}},
+                                       "terminationGracePeriodSeconds": _router_grace_s(role, agreed),
+                                       **pod_placement(rs, False)}}},
     }
     service = {
         "apiVersion": "v1", "kind": "Service",
@@ -231,7 +230,7 @@ def _router(rs: RoleSet, urls: dict[str, str], images: dict[str, str], budgets: 
         "spec": {"selector": names.selector(dep, role.name),
                  "ports": [{"name": "http", "port": lead.ports["http"], "targetPort": "http"}]},
     }
-    return [_config_map(rs, env), Manifest(deployment, dep, role), Manifest(service, dep, role)]
+    return [_config_map(rs, env), rs.manifest(deployment), rs.manifest(service)]
 
 
 def _router_grace_s(role: Role, args: list[str]) -> int:
@@ -271,7 +270,7 @@ def _config_map(rs: RoleSet, env: dict[str, str]) -> Manifest:
                         "labels": names.labels(rs.deployment, rs.role.name,
                                                "sglang" if rs.role.engine == "sglang" else "sglang-router")},
            "data": dict(env)}
-    return Manifest(doc, rs.deployment, rs.role)
+    return rs.manifest(doc)
 
 
 def secret_env(deployment: str, secrets: Iterable[str]) -> list[dict[str, Any]]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from . import lws
 from .build import Options, engine_image, model_dir
 from .names import secret
+from .placement import placement_note
 from .probes import startup_budget_s
 from .resources import qos_class
 from .roleset import Manifest, RoleSet
@@ -81,10 +82,7 @@ def deployment_notes(sets: list[RoleSet], manifests: list[Manifest], options: Op
     if indices:
         notes.append(f"GPU indices are not honoured ({'; '.join(indices)}): the device plugin picks a pod's "
                      "GPUs and numbers them from 0, so CUDA_VISIBLE_DEVICES and CUDA_DEVICE_ORDER are left out.")
-    hosts = sorted({u.host.name for rs in sets for u in rs.units})
-    notes.append(f"Hosts are not expressed: the inventory places this deployment on {', '.join(hosts)}; the "
-                 "scheduler puts each pod on any node with free GPUs (add a nodeSelector or affinity with your "
-                 "cluster's labels where it matters).")
+    notes.append(placement_note(sets))
     images: dict[str, list[str]] = {}
     for rs in engines:
         images.setdefault(engine_image(rs, options), []).append(rs.role.name)

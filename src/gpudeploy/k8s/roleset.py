@@ -7,11 +7,11 @@ it does not, ``same`` makes that a problem naming the hosts, not a silent pick.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import Problem
-from ..model import K8S_FIELDS, K8sSettings, Plan, Role, Unit
+from ..model import K8S_FIELDS, K8sSettings, Plan, Role, Unit, Where
 
 
 @dataclass(frozen=True)
@@ -19,6 +19,7 @@ class Manifest:
     doc: dict[str, Any]
     deployment: str
     role: Role
+    sources: dict[str, Where] = field(default_factory=dict)  # kubernetes: key -> where its value came from
 
     @property
     def kind(self) -> str:
@@ -56,6 +57,9 @@ class RoleSet:
     def settings(self) -> K8sSettings:
         """The role's ``kubernetes:`` over its first host's (``agree`` checks the other hosts)."""
         return self.units[0].host.kubernetes.under(self.role.kubernetes)
+
+    def manifest(self, doc: dict[str, Any]) -> Manifest:
+        return Manifest(doc, self.deployment, self.role, sources=dict(self.settings.where))
 
     def agree(self, problems: list[Problem]) -> bool:
         """Whether every host of the role gives the same ``kubernetes:`` settings (else a problem)."""
