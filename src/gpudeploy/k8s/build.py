@@ -24,6 +24,15 @@ from ..model import Plan, Role, Unit
 from ..plan.build import RESERVED_ENV
 from . import lws, names
 from .args import CONTAINER_PYTHON, engine_args, router_args
+from .discovery import (
+    BOOTSTRAP_ANNOTATION,
+    NAMESPACE_ENV,
+    bootstrap_annotated,
+    discovering,
+    discovery_args,
+    discovery_ports,
+    rbac,
+)
 from .placement import pod_placement
 from .probes import engine_probes, router_probes, startup_budget_s
 from .resources import Figures, figures, quantity
@@ -45,6 +54,17 @@ class Options:
     model_pvc: str | None = None  # the model directory from this PersistentVolumeClaim, not the node's disk
 
 
+@dataclass(frozen=True)
+class Context:
+    """What the roles of one deployment need to know of each other."""
+
+    urls: dict[str, str]  # planned upstream URL -> in-cluster URL
+    images: dict[str, str]  # engine role -> image
+    budgets: dict[str, int]  # engine role -> startup budget (s)
+    ports: dict[str, int]  # engine role -> the port a discovering router reaches it on
+    annotated: set[str]  # prefill roles whose pods carry their bootstrap port for a discovering router
+
+
 def build(plan: Plan, options: Options) -> dict[str, list[Manifest]]:
     """deployment -> its manifests. Raises InputError with every problem found."""
     problems: list[Problem] = []
@@ -52,17 +72,19 @@ def build(plan: Plan, options: Options) -> dict[str, list[Manifest]]:
     if options.model_pvc is not None and (why := names.subdomain_problem(options.model_pvc)):
         raise InputError([Problem(f"--model-pvc: {why}", key="--model-pvc")])
     for dep, sets in role_sets(plan).items():
-        urls, images = _upstreams(sets, options)
-        budgets = {e.role.name: startup_budget_s(e.role) for e in sets if e.role.engine == "sglang"}
+        ports = discovery_ports(sets, problems)
+        urls, images = _upstreams(sets, options, ports)
+        ctx = Context(urls=urls, images=images, ports=ports, annotated=bootstrap_annotated(sets),
+                      budgets={e.role.name: startup_budget_s(e.role) for e in sets if e.role.engine == "sglang"})
         manifests: list[Manifest] = []
         for rs in sets:
             before = len(problems)
             _name_problems(rs, problems)
             rs.agree(problems)  # one template: every host of the role gives the same kubernetes: settings
             if rs.role.engine == "sglang":
-                made = _engine(rs, images[rs.role.name], options, problems)
+                made = _engine(rs, ctx, options, problems)
             elif rs.role.engine == "sglang_router":
-                made = _router(rs, urls, images, budgets, options, problems)
+                made = _router(rs, ctx, options, problems)
             else:
                 problems.append(problem(rs, "engine", (
                     f"engine {rs.role.engine} cannot be rendered for Kubernetes: its argv is a template of host "
@@ -78,7 +100,8 @@ def build(plan: Plan, options: Options) -> dict[str, list[Manifest]]:
     return out
 
 
-def _upstreams(sets: list[RoleSet], options: Options) -> tuple[dict[str, str], dict[str, str]]:
+def _upstreams(sets: list[RoleSet], options: Options,
+               ports: dict[str, int]) -> tuple[dict[str, str], dict[str, str]]:
     """Planned upstream URL -> in-cluster URL, and engine role -> image, for one deployment.
 
     One group: the role's leader Service. Several: each leader by its own DNS name under the
@@ -97,7 +120,8 @@ def _upstreams(sets: list[RoleSet], options: Options) -> tuple[dict[str, str], d
                 continue
             one = rs.replicas == 1
             host = names.leader_service(rs.deployment, rs.role.name) if one else f"{set_name}-{i}.{set_name}"
-            urls[f"http://{u.host.address}:{u.ports['http']}"] = f"http://{host}:{u.ports['http']}"
+            port = ports.get(rs.role.name, u.ports["http"])
+            urls[f"http://{u.host.address}:{u.ports['http']}"] = f"http://{host}:{port}"
     return urls, images
 
 
@@ -105,9 +129,11 @@ def engine_image(rs: RoleSet, options: Options) -> str:
     return options.image or IMAGE.format(release=rs.leaders[0].engine_version)
 
 
-def _engine(rs: RoleSet, image: str, options: Options, problems: list[Problem]) -> list[Manifest]:
+def _engine(rs: RoleSet, ctx: Context, options: Options, problems: list[Problem]) -> list[Manifest]:
     role, dep, lead = rs.role, rs.deployment, rs.leaders[0]
-    args = same(rs, "args", {u.host.name: engine_args(u) for u in rs.units}, problems)
+    image = ctx.images[role.name]
+    http = ctx.ports.get(role.name, lead.ports["http"])  # a discovering router's one port, else the plan's
+    args = same(rs, "args", {u.host.name: engine_args(u, http) for u in rs.units}, problems)
     env = same(rs, "env", {u.host.name: _public_env(u) for u in rs.units}, problems)
     same(rs, "engine release", {u.host.name: u.engine_version for u in rs.units}, problems)
     gpus = same(rs, "GPU count", {u.host.name: len(u.gpus) for u in rs.units}, problems)
@@ -121,7 +147,7 @@ def _engine(rs: RoleSet, image: str, options: Options, problems: list[Problem]) 
         return []
     set_name = names.engine(dep, role.name)
     labels = names.labels(dep, role.name, "sglang")
-    ports = [("http", lead.ports["http"])]
+    ports = [("http", http)]
     ports += [(k, lead.ports[k]) for k in ("bootstrap", "nccl") if k in lead.ports]
     if rs.size > 1:
         ports.append(("dist-init", int(lead.ports["dist_init"])))
@@ -157,7 +183,10 @@ def _engine(rs: RoleSet, image: str, options: Options, problems: list[Problem]) 
         if net.host_network:
             spec["hostNetwork"] = True
             spec["dnsPolicy"] = "ClusterFirstWithHostNet"
-        return {"metadata": {"labels": {**labels, "role": "leader" if leader else "worker"}}, "spec": spec}
+        meta: dict[str, Any] = {"labels": {**labels, "role": "leader" if leader else "worker"}}
+        if role.name in ctx.annotated and "bootstrap" in lead.ports:
+            meta["annotations"] = {BOOTSTRAP_ANNOTATION: str(lead.ports["bootstrap"])}  # for the router's discovery
+        return {"metadata": meta, "spec": spec}
 
     template: dict[str, Any] = {"size": rs.size, "restartPolicy": "RecreateGroupOnPodRestart"}
     if rs.size > 1:
@@ -182,12 +211,11 @@ def _engine(rs: RoleSet, image: str, options: Options, problems: list[Problem]) 
     return [_config_map(rs, env), rs.manifest(lws_doc), rs.manifest(service)]
 
 
-def _router(rs: RoleSet, urls: dict[str, str], images: dict[str, str], budgets: dict[str, int],
-            options: Options, problems: list[Problem]) -> list[Manifest]:
+def _router(rs: RoleSet, ctx: Context, options: Options, problems: list[Problem]) -> list[Manifest]:
     role, dep, lead = rs.role, rs.deployment, rs.leaders[0]
     planned: dict[str, list[str]] = {}
     for u in rs.units:
-        args, missing = router_args(u, urls)
+        args, missing = router_args(u, ctx.urls)
         for url in missing:
             problems.append(problem(rs, "upstreams", f"upstream {url} (on host {u.host.name}) is no engine "
                                                       "rendered for Kubernetes in this deployment"))
@@ -196,8 +224,12 @@ def _router(rs: RoleSet, urls: dict[str, str], images: dict[str, str], budgets: 
     env = same(rs, "env", {u.host.name: _public_env(u) for u in rs.units}, problems)
     ups = [r for kind in ("prefill", "decode", "workers") for r in role.upstreams.get(kind, ())]
     if agreed is not None:
-        agreed = _worker_startup(rs, agreed, max((budgets[r] for r in ups if r in budgets), default=0), problems)
-    image = options.router_image or options.image or next((images[r] for r in ups if r in images), None)
+        agreed = _worker_startup(rs, agreed, max((ctx.budgets[r] for r in ups if r in ctx.budgets), default=0),
+                                 problems)
+    discovered = discovering(rs)
+    if agreed is not None and discovered:
+        agreed = discovery_args(rs, agreed, next((ctx.ports[r] for r in ups if r in ctx.ports), 0))
+    image = options.router_image or options.image or next((ctx.images[r] for r in ups if r in ctx.images), None)
     if image is None:
         problems.append(problem(rs, "upstreams", "no image for the router: it fronts no sglang engine of this "
                                                   "deployment; give one with --router-image"))
@@ -210,8 +242,10 @@ def _router(rs: RoleSet, urls: dict[str, str], images: dict[str, str], budgets: 
         "name": "router", "image": image, "command": [CONTAINER_PYTHON], "args": agreed,
         "envFrom": [{"configMapRef": {"name": names.env_config(dep, role.name)}}],
     }
-    if role.secret_env:
-        container["env"] = secret_env(dep, role.secret_env)
+    env_list = [dict(NAMESPACE_ENV)] if discovered else []  # --service-discovery-namespace $(POD_NAMESPACE)
+    env_list += secret_env(dep, role.secret_env)
+    if env_list:
+        container["env"] = env_list
     container["ports"] = [{"name": "http", "containerPort": lead.ports["http"]}]
     container["resources"] = figs.resources()
     container.update(router_probes(role))
@@ -220,7 +254,8 @@ def _router(rs: RoleSet, urls: dict[str, str], images: dict[str, str], budgets: 
         "metadata": {"name": name, "labels": dict(labels)},
         "spec": {"replicas": rs.replicas, "selector": {"matchLabels": names.selector(dep, role.name)},
                  "template": {"metadata": {"labels": dict(labels)},
-                              "spec": {"containers": [container],
+                              "spec": {**({"serviceAccountName": name} if discovered else {}),
+                                       "containers": [container],
                                        "terminationGracePeriodSeconds": _router_grace_s(role, agreed),
                                        **pod_placement(rs, False)}}},
     }
@@ -230,7 +265,8 @@ def _router(rs: RoleSet, urls: dict[str, str], images: dict[str, str], budgets: 
         "spec": {"selector": names.selector(dep, role.name),
                  "ports": [{"name": "http", "port": lead.ports["http"], "targetPort": "http"}]},
     }
-    return [_config_map(rs, env), rs.manifest(deployment), rs.manifest(service)]
+    access = [rs.manifest(doc) for doc in rbac(rs)] if discovered else []
+    return [*access, _config_map(rs, env), rs.manifest(deployment), rs.manifest(service)]
 
 
 def _router_grace_s(role: Role, args: list[str]) -> int:

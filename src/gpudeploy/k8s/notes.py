@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from . import lws
 from .build import Options, engine_image, model_dir
+from .discovery import discovery_note
 from .names import secret
 from .placement import placement_note
 from .probes import startup_budget_s
@@ -141,6 +142,8 @@ def deployment_notes(sets: list[RoleSet], manifests: list[Manifest], options: Op
         notes.append(rdma)
     if unpinned := interface_note(nets):
         notes.append(unpinned)
+    if discovered := discovery_note(sets):
+        notes.append(discovered)
     notes.append("Not done by Kubernetes, done by deploy: the memory preflight, the checks of GPUs and engine "
                  "release on the host, failure causes read from the server's log, the final generation through "
                  "the router, and teardown's proof that nothing is left. LimitMEMLOCK=infinity has no pod "
