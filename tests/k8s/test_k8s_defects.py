@@ -112,6 +112,7 @@ def test_2_privileged_only_when_asked(tmp_path: Path) -> None:
     c = container(by_kind(r.streams["t"], "LeaderWorkerSet")["t-prefill"])
     assert c["securityContext"] == {"privileged": True, "capabilities": {"add": ["IPC_LOCK"]}}
     assert "rdma/ib" not in c["resources"]["limits"]
+    assert {"name": "infiniband", "mountPath": "/dev/infiniband"} in c["volumeMounts"]  # the node's devices
     assert any("privileged" in n and "sees every GPU of its node" in n for n in r.notes["t"])
 
 

@@ -123,7 +123,8 @@ def test_rdma_only_where_infiniband_devices_are_declared(tmp_path: Path) -> None
         assert pod["hostNetwork"] is True and pod["dnsPolicy"] == "ClusterFirstWithHostNet"
         c = container(lws)
         assert c["securityContext"] == {"capabilities": {"add": ["IPC_LOCK"]}}
-        assert {"name": "infiniband", "mountPath": "/dev/infiniband"} in c["volumeMounts"]
+        # The RDMA device plugin gives the pod its devices; only a privileged pod mounts the node's.
+        assert {"name": "infiniband", "mountPath": "/dev/infiniband"} not in c["volumeMounts"]
         assert by_kind(text, "ConfigMap")[f"{name}-env"]["data"]["NCCL_IB_HCA"] == "mlx5_0,mlx5_1"
     router = by_kind(text, "Deployment")["t-router"]
     assert "hostNetwork" not in router["spec"]["template"]["spec"]  # the router moves no KV

@@ -142,6 +142,9 @@ def _engine(rs: RoleSet, ctx: Context, options: Options, problems: list[Problem]
     net = network(rs, problems)
     env = role_env(net, env)
     rdma = net.rdma
+    # The RDMA device plugin puts the pod's own devices in its /dev/infiniband; a privileged pod
+    # reads the node's (SGLang's LWS chart mounts it).
+    host_devices = rdma and net.privileged and not net.rdma_resource
     figs = figures(rs, net.rdma_resource, problems)
     if figs is None:
         return []
@@ -171,13 +174,14 @@ def _engine(rs: RoleSet, ctx: Context, options: Options, problems: list[Problem]
         # worker's (node rank >= 1) the health server SGLang starts there once its schedulers are
         # ready (launch_dummy_health_check_server, srt/utils/common.py): the group is Ready when it serves.
         container.update(engine_probes(role, env))
-        container["volumeMounts"] = _mounts(role, rdma)
+        container["volumeMounts"] = _mounts(role, host_devices)
         security: dict[str, Any] = {"privileged": True} if net.privileged else {}
         if rdma:
             security["capabilities"] = {"add": ["IPC_LOCK"]}  # RDMA pins (locks) its registered memory
         if security:
             container["securityContext"] = security
-        spec: dict[str, Any] = {"containers": [container], "volumes": _volumes(role, rdma, options.model_pvc, figs),
+        spec: dict[str, Any] = {"containers": [container],
+                                "volumes": _volumes(role, host_devices, options.model_pvc, figs),
                                 "terminationGracePeriodSeconds": math.ceil(role.stop_timeout_s)}
         spec.update(pod_placement(rs, bool(gpus)))
         if net.host_network:
@@ -320,17 +324,17 @@ def _public_env(u: Unit) -> dict[str, str]:
     return {k: v for k, v in u.env.items() if k not in RESERVED_ENV}
 
 
-def _mounts(role: Role, rdma: bool) -> list[dict[str, Any]]:
+def _mounts(role: Role, host_devices: bool) -> list[dict[str, Any]]:
     mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}]
     path = model_dir(role)
     if path:
         mounts.append({"name": "model", "mountPath": path, "readOnly": True})
-    if rdma:
+    if host_devices:
         mounts.append({"name": "infiniband", "mountPath": "/dev/infiniband"})
     return mounts
 
 
-def _volumes(role: Role, rdma: bool, model_pvc: str | None, figs: Figures) -> list[dict[str, Any]]:
+def _volumes(role: Role, host_devices: bool, model_pvc: str | None, figs: Figures) -> list[dict[str, Any]]:
     # Bounded: an unbounded Memory emptyDir may grow to the node's memory (and counts against the pod's).
     volumes: list[dict[str, Any]] = [{"name": "dshm", "emptyDir": {"medium": "Memory",
                                                                    "sizeLimit": quantity(figs.shm_gib)}}]
@@ -340,7 +344,7 @@ def _volumes(role: Role, rdma: bool, model_pvc: str | None, figs: Figures) -> li
         volumes.append({"name": "model", "persistentVolumeClaim": {"claimName": model_pvc, "readOnly": True}})
     elif path:
         volumes.append({"name": "model", "hostPath": {"path": path, "type": "Directory"}})
-    if rdma:
+    if host_devices:
         volumes.append({"name": "infiniband", "hostPath": {"path": "/dev/infiniband", "type": "Directory"}})
     return volumes
 

@@ -10,8 +10,9 @@ plugin's resource (``kubernetes.rdma_resource``, e.g. llm-d's ``rdma/ib: 1``); o
 is told to use TCP, and the notes say so.
 
 RDMA needs the device cgroup to let the container open ``/dev/infiniband``'s uverbs: the RDMA
-device plugin's resource does that (requested = limit = 1), or ``kubernetes.privileged: true``
-(SGLang's LWS chart runs privileged; a privileged container also sees every GPU of its node).
+device plugin's resource does that and puts the pod's devices there (requested = limit = 1, as
+llm-d's CoreWeave overlay), or ``kubernetes.privileged: true`` with the node's ``/dev/infiniband``
+mounted (SGLang's LWS chart; a privileged container also sees every GPU of its node).
 Neither is an error rather than a pod that crashes. The references put RDMA pods on the host
 network (SGLang's ``lws_pd`` examples, OME's RDMA PD runtime), the default here;
 ``kubernetes.host_network`` chooses.
@@ -124,8 +125,8 @@ def rdma_note(sets: list[tuple[RoleSet, Network]]) -> str | None:
                 "requested)"] if net.privileged else []
         parts.append(f"{rs.role.name} through {' and '.join(how)}")
     needs = sorted({net.rdma_resource for _, net in rdma if net.rdma_resource})
-    text = (f"RDMA: {'; '.join(parts)}, with /dev/infiniband from the node, IPC_LOCK and NCCL_IB_HCA where devices "
-            "are named.")
+    text = (f"RDMA: {'; '.join(parts)}, with IPC_LOCK (a privileged pod also mounts the node's /dev/infiniband) and "
+            "NCCL_IB_HCA where devices are named.")
     if needs:
         text += f" The cluster needs an RDMA device plugin that advertises {', '.join(needs)} on the GPU nodes."
     hosted = [rs.role.name for rs, net in rdma if net.host_network]
