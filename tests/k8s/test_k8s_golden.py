@@ -1,9 +1,11 @@
 """The shipped inventories rendered for Kubernetes, compared with committed files, and validation
 that refuses what an API server would.
 
-Golden files: ``golden/<inventory>/`` holds what ``invoke render --target k8s --inventory
-inventory/<inventory>.yml --out DIR`` writes. After an intended change of the rendering, write
-them again and review the diff:
+Golden files: ``golden/<name>/`` holds what ``invoke render --target k8s --inventory
+inventory/<name>.yml --out DIR`` writes for the shipped inventories, and for the cases of issue 24
+(``cases/<name>/inventory.yml``: PD on one node over TCP, PD over RDMA with a named RDMA resource,
+TP16 over two nodes, a router's service discovery). After an intended change of the rendering,
+write them again and review the diff:
 
     GPUDEPLOY_K8S_GOLDEN=write .venv/bin/pytest tests/k8s/test_k8s_golden.py
 """
@@ -23,12 +25,21 @@ from k8stools import REPO, container, docs
 
 from gpudeploy.k8s import render
 from gpudeploy.k8s.envrefs import references, undefined_references
+from gpudeploy.k8s.resources import qos_class
 from gpudeploy.k8s.roleset import Manifest
 from gpudeploy.k8s.validate import K8S_VERSION, LWS_SCHEMA, lws_schema_from_crd, manifest_problems
 from gpudeploy.model import Role
 
 GOLDEN = Path(__file__).parent / "golden"
-INVENTORIES = ["lab", "hosts"]
+CASES_DIR = Path(__file__).parent / "cases"
+SHIPPED = ["lab", "hosts"]  # inventory/<name>.yml
+CASES = sorted(p.name for p in CASES_DIR.iterdir() if (p / "inventory.yml").exists())
+INVENTORIES = SHIPPED + CASES
+
+
+def source(name: str) -> str:
+    """The inventory as given on the command line (the header names it so)."""
+    return f"inventory/{name}.yml" if name in SHIPPED else f"tests/k8s/cases/{name}/inventory.yml"
 SHARED_CRD = REPO.parent / "shared" / "reference" / "k8s" / "leaderworkerset-crd.yaml"
 
 
@@ -39,7 +50,7 @@ def _in_repo(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.parametrize("name", INVENTORIES)
 def test_render_matches_golden_files(name: str) -> None:
-    files = render(f"inventory/{name}.yml").files()
+    files = render(source(name)).files()
     folder = GOLDEN / name
     if os.environ.get("GPUDEPLOY_K8S_GOLDEN") == "write":
         folder.mkdir(parents=True, exist_ok=True)
@@ -173,14 +184,39 @@ def test_references_are_read_as_kubernetes_expands_them(word: str, refs: list[st
 
 
 def lws_docs(name: str) -> tuple[list[Manifest], list[dict[str, Any]]]:
-    r = render(f"inventory/{name}.yml")
+    r = render(source(name))
     [(dep, manifests)] = r.manifests.items()
     return manifests, docs(r.streams[dep])
 
 
-def test_every_variable_the_golden_containers_use_is_defined() -> None:
-    for name in INVENTORIES:
-        assert undefined_references(*lws_docs(name)) == []
+@pytest.mark.parametrize("name", INVENTORIES)
+def test_every_variable_the_golden_containers_use_is_defined(name: str) -> None:
+    assert undefined_references(*lws_docs(name)) == []
+
+
+def case_docs(name: str) -> list[dict[str, Any]]:
+    [path] = (GOLDEN / name).glob("*.yaml")
+    return docs(path.read_text())
+
+
+def test_the_issue_24_goldens_hold_what_they_are_named_for() -> None:
+    assert sorted(CASES) == ["discovery", "pd-rdma", "pd-tcp", "tp16"]
+    tcp = case_docs("pd-tcp")
+    assert all(d["data"].get("MC_FORCE_TCP") == "1" for d in tcp if d["kind"] == "ConfigMap"
+               and d["metadata"]["name"] != "tcp-router-env")
+    assert all(qos_class(c["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]) == "Guaranteed"
+               for c in tcp if c["kind"] == "LeaderWorkerSet")
+    rdma = [d for d in case_docs("pd-rdma") if d["kind"] == "LeaderWorkerSet"]
+    assert len(rdma) == 2 and all(container(d)["resources"]["limits"]["rdma/ib"] == 1 for d in rdma)
+    assert all(d["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["hostNetwork"] for d in rdma)
+    [tp16] = [d for d in case_docs("tp16") if d["kind"] == "LeaderWorkerSet"]
+    assert tp16["spec"]["leaderWorkerTemplate"]["size"] == 2
+    assert container(tp16, "leaderTemplate")["args"].count("--tp-size") == 1
+    sd = case_docs("discovery")
+    [router] = [d for d in sd if d["kind"] == "Deployment"]
+    assert "--service-discovery" in container(router)["args"]
+    assert {d["kind"] for d in sd} >= {"ServiceAccount", "Role", "RoleBinding"}
+    assert [d["spec"]["replicas"] for d in sd if d["kind"] == "LeaderWorkerSet"] == [2, 1]  # prefill, decode
 
 
 def test_a_variable_no_env_defines_is_an_error_naming_manifest_and_container() -> None:

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from . import lws
 from .build import Options, engine_image, model_dir
-from .discovery import discovery_note
+from .discovery import discovering, discovery_note
 from .names import secret
 from .placement import placement_note
 from .probes import startup_budget_s
-from .resources import qos_class
+from .resources import qos_class, reserved
 from .roleset import Manifest, RoleSet
-from .transport import interface_note, network, rdma_note, tcp_note
+from .transport import Network, interface_note, network, rdma_note, tcp_note
 
 VALIDATED = ("Validated offline: the LeaderWorkerSet against its CRD's schema (kubernetes-sigs/lws 060ab4d, "
              "unknown fields refused), the other kinds against the schemas of Kubernetes {version} "
@@ -37,13 +37,38 @@ def qos_classes(manifests: list[Manifest]) -> dict[str, str]:
     return out
 
 
+def cluster_note(sets: list[RoleSet], nets: list[tuple[RoleSet, Network]], qos: dict[str, str]) -> str | None:
+    """What the cluster must have for these manifests to run."""
+    engines = [rs for rs in sets if rs.role.engine == "sglang"]
+    needs = []
+    if engines:
+        needs.append(f"LeaderWorkerSet {lws.MIN_VERSION} or later (its webhook gives every pod "
+                     f"{' and '.join(lws.INJECTED)}, the latter from {lws.MIN_VERSION}; LWS_WORKER_INDEX, which it "
+                     "gives only from v0.6.0, is set here from the pod's worker-index label)")
+    if any(u.gpus for rs in engines for u in rs.units):
+        needs.append("the NVIDIA device plugin on the GPU nodes (nvidia.com/gpu)")
+    plugins = sorted({net.rdma_resource for _, net in nets if net.rdma_resource})
+    if plugins:
+        needs.append(f"an RDMA device plugin that advertises {', '.join(plugins)} on those nodes")
+    aligned = [rs.role.name for rs in engines if qos.get(rs.role.name) == "Guaranteed"]
+    if aligned:
+        needs.append(f"for {', '.join(aligned)} to get one NUMA node: kubelets there with the Topology Manager policy "
+                     "single-numa-node and the CPU Manager policy static")
+    if any(discovering(rs) for rs in sets):
+        needs.append("the right to create a Role and RoleBinding in the namespace (the router's service discovery)")
+    return "The cluster needs: " + "; ".join(needs) + "." if needs else None
+
+
 def qos_note(sets: list[RoleSet], qos: dict[str, str]) -> str:
     shown = ", ".join(f"{rs.role.name} {qos[rs.role.name]}" for rs in sets if rs.role.name in qos)
+    kept = sorted({reserved(u.host) for rs in sets if rs.role.engine == "sglang" for u in rs.units})
+    less = " or ".join(f"{c} CPUs and {m:g} GiB" for c, m in kept) or "nothing"
     text = (f"QoS class: {shown}. Burstable pods request CPU and memory (where its size is known) and limit "
             "memory to its request, not CPU; Guaranteed ones (kubernetes.qos: guaranteed) limit both to their "
-            "requests. Engines ask for their share of their NUMA nodes' CPUs and memory (less "
-            "kubernetes.reserved_cpus and reserved_memory_gib per node, 2 and 16 GiB unless the inventory says), "
-            "routers for 1 CPU and 2 GiB; kubernetes.cpus and memory_gib in a role replace them.")
+            "requests. Engines ask for their share of their NUMA nodes' CPUs and memory, less what each node keeps "
+            f"for the kubelet, the system and daemonsets ({less} per NUMA node: kubernetes.reserved_cpus and "
+            "reserved_memory_gib in the inventory), routers for 1 CPU and 2 GiB; kubernetes.cpus and memory_gib in "
+            "a role replace them.")
     unsized = [rs.role.name for rs in sets
                if rs.role.engine == "sglang" and rs.role.kubernetes.memory_gib is None
                and any(n.memory_gib is None for u in rs.units for n in u.host.numa_nodes
@@ -59,12 +84,10 @@ def deployment_notes(sets: list[RoleSet], manifests: list[Manifest], options: Op
     engines = [rs for rs in sets if rs.role.engine == "sglang"]
     routers = [rs for rs in sets if rs.role.engine == "sglang_router"]
     notes: list[str] = []
-    if engines:
-        notes.append(
-            f"Needs LeaderWorkerSet {lws.MIN_VERSION} or later in the cluster: its webhook gives every pod "
-            f"{' and '.join(lws.INJECTED)} (the latter from {lws.MIN_VERSION}); LWS_WORKER_INDEX, which it gives "
-            "only from v0.6.0, is set here from the pod's worker-index label.")
     qos = qos_classes(manifests)
+    nets = [(rs, network(rs, [])) for rs in engines]
+    if needs := cluster_note(sets, nets, qos):
+        notes.append(needs)
     notes.append(qos_note(sets, qos))
     bound = [f"{u.role.name} on {u.host.name}: NUMA node {u.numa_node}, CPUs {u.cpus}"
              for rs in engines for u in rs.units if u.numa_node is not None and u.cpus]
@@ -135,7 +158,6 @@ def deployment_notes(sets: list[RoleSet], manifests: list[Manifest], options: Op
             "readiness probe waits out SGLang's own health-check time (SGLANG_HEALTH_CHECK_TIMEOUT, 20 s unless the "
             "role's env sets it) and 5 s "
             "more, since /health runs a generation.")
-    nets = [(rs, network(rs, [])) for rs in engines]
     if tcp := tcp_note(nets):
         notes.append(tcp)
     if rdma := rdma_note(nets):

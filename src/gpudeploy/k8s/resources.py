@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import Problem
-from ..model import Unit
+from ..model import Host, Unit
 from .roleset import RoleSet, same, setting_problem
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -93,11 +93,16 @@ def figures(rs: RoleSet, rdma_resource: str | None, problems: list[Problem]) -> 
                    shm_gib=shm)
 
 
+def reserved(host: Host) -> tuple[int, float]:
+    """(CPUs, GiB) each NUMA node of the host keeps for the kubelet, the system and daemonsets."""
+    k = host.kubernetes
+    return (RESERVED_CPUS if k.reserved_cpus is None else k.reserved_cpus,
+            RESERVED_MEMORY_GIB if k.reserved_memory_gib is None else k.reserved_memory_gib)
+
+
 def _share(u: Unit) -> tuple[int, float | None]:
     """(CPUs, GiB or None) of a unit's share of the NUMA nodes its GPUs are on."""
-    k = u.host.kubernetes
-    keep_cpus = RESERVED_CPUS if k.reserved_cpus is None else k.reserved_cpus
-    keep_mem = RESERVED_MEMORY_GIB if k.reserved_memory_gib is None else k.reserved_memory_gib
+    keep_cpus, keep_mem = reserved(u.host)
     cpus, memory = 0.0, 0.0
     known = True
     for node in u.host.numa_nodes:

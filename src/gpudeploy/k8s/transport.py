@@ -124,11 +124,8 @@ def rdma_note(sets: list[tuple[RoleSet, Network]]) -> str | None:
         how += ["privileged: true (a privileged container sees every GPU of its node, not only the ones it "
                 "requested)"] if net.privileged else []
         parts.append(f"{rs.role.name} through {' and '.join(how)}")
-    needs = sorted({net.rdma_resource for _, net in rdma if net.rdma_resource})
     text = (f"RDMA: {'; '.join(parts)}, with IPC_LOCK (a privileged pod also mounts the node's /dev/infiniband) and "
             "NCCL_IB_HCA where devices are named.")
-    if needs:
-        text += f" The cluster needs an RDMA device plugin that advertises {', '.join(needs)} on the GPU nodes."
     hosted = [rs.role.name for rs, net in rdma if net.host_network]
     if hosted:
         text += (f" {', '.join(hosted)} run on the host network (ClusterFirstWithHostNet): the planned ports are the "
