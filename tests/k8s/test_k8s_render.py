@@ -128,7 +128,7 @@ def test_rdma_only_where_infiniband_devices_are_declared(tmp_path: Path) -> None
         assert by_kind(text, "ConfigMap")[f"{name}-env"]["data"]["NCCL_IB_HCA"] == "mlx5_0,mlx5_1"
     router = by_kind(text, "Deployment")["t-router"]
     assert "hostNetwork" not in router["spec"]["template"]["spec"]  # the router moves no KV
-    assert any("RDMA: prefill through the RDMA device plugin's rdma/ib" in n for n in r.notes["t"])
+    assert any("RDMA: prefill, decode through the RDMA device plugin's rdma/ib" in n for n in r.notes["t"])
 
 
 def test_a_role_value_no_manifest_can_hold_is_refused_and_nothing_is_written(tmp_path: Path) -> None:

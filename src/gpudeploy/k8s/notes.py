@@ -15,7 +15,7 @@ from .placement import placement_note
 from .probes import startup_budget_s
 from .resources import qos_class, reserved
 from .roleset import Manifest, RoleSet
-from .transport import Network, interface_note, network, rdma_note, tcp_note
+from .transport import Network, host_network_note, network, rdma_note, tcp_note
 
 VALIDATED = ("Validated offline: the LeaderWorkerSet against its CRD's schema (kubernetes-sigs/lws 060ab4d, "
              "unknown fields refused), the other kinds against the schemas of Kubernetes {version} "
@@ -65,7 +65,8 @@ def qos_note(sets: list[RoleSet], qos: dict[str, str]) -> str:
     less = " or ".join(f"{c} CPUs and {m:g} GiB" for c, m in kept) or "nothing"
     text = (f"QoS class: {shown}. Burstable pods request CPU and memory (where its size is known) and limit "
             "memory to its request, not CPU; Guaranteed ones (kubernetes.qos: guaranteed) limit both to their "
-            "requests. Engines ask for their share of their NUMA nodes' CPUs and memory, less what each node keeps "
+            "requests. Engines ask for their share of their NUMA nodes' CPUs and memory (one CPU at least), less "
+            "what each node keeps "
             f"for the kubelet, the system and daemonsets ({less} per NUMA node: kubernetes.reserved_cpus and "
             "reserved_memory_gib in the inventory), routers for 1 CPU and 2 GiB; kubernetes.cpus and memory_gib in "
             "a role replace them.")
@@ -162,8 +163,8 @@ def deployment_notes(sets: list[RoleSet], manifests: list[Manifest], options: Op
         notes.append(tcp)
     if rdma := rdma_note(nets):
         notes.append(rdma)
-    if unpinned := interface_note(nets):
-        notes.append(unpinned)
+    if hosted := host_network_note(nets):
+        notes.append(hosted)
     if discovered := discovery_note(sets):
         notes.append(discovered)
     notes.append("Not done by Kubernetes, done by deploy: the memory preflight, the checks of GPUs and engine "

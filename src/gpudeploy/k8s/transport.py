@@ -118,27 +118,27 @@ def rdma_note(sets: list[tuple[RoleSet, Network]]) -> str | None:
     rdma = [(rs, net) for rs, net in sets if net.rdma]
     if not rdma:
         return None
-    parts = []
+    ways: dict[str, list[str]] = {}
     for rs, net in rdma:
         how = [f"the RDMA device plugin's {net.rdma_resource} (1 per pod)"] if net.rdma_resource else []
         how += ["privileged: true (a privileged container sees every GPU of its node, not only the ones it "
-                "requested)"] if net.privileged else []
-        parts.append(f"{rs.role.name} through {' and '.join(how)}")
-    text = (f"RDMA: {'; '.join(parts)}, with IPC_LOCK (a privileged pod also mounts the node's /dev/infiniband) and "
-            "NCCL_IB_HCA where devices are named.")
-    hosted = [rs.role.name for rs, net in rdma if net.host_network]
-    if hosted:
-        text += (f" {', '.join(hosted)} run on the host network (ClusterFirstWithHostNet): the planned ports are the "
-                 "node's, so two such pods on one node must not share one (the plan checked this per inventory host "
-                 "only).")
-    return text + " GID index, traffic class and service level are your fabric's: set NCCL_IB_* in the role's env."
+                "requested, and mounts the node's /dev/infiniband)"] if net.privileged else []
+        ways.setdefault(" and ".join(how), []).append(rs.role.name)
+    parts = [f"{', '.join(roles)} through {how}" for how, roles in ways.items()]
+    return (f"RDMA: {'; '.join(parts)}, with IPC_LOCK and, where devices are named, NCCL_IB_HCA. GID index, traffic "
+            "class and service level are your fabric's: set NCCL_IB_* in the role's env.")
 
 
-def interface_note(sets: list[tuple[RoleSet, Network]]) -> str | None:
-    unpinned = [rs.role.name for rs, net in sets if net.host_network and not rs.settings.socket_ifname]
-    if not unpinned:
+def host_network_note(sets: list[tuple[RoleSet, Network]]) -> str | None:
+    hosted = [rs.role.name for rs, net in sets if net.host_network]
+    if not hosted:
         return None
-    return (f"{', '.join(unpinned)} run on the host network with no interface named: gloo and NCCL pick one of the "
-            "node's themselves, which on a node with several NICs may not be the one the other pods reach. Name it "
-            "with kubernetes.socket_ifname in the inventory (GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME); "
-            "SGLANG_HOST_IP is the pod's (the node's) address.")
+    text = (f"{', '.join(hosted)} run on the host network (dnsPolicy ClusterFirstWithHostNet): their ports are the "
+            "node's, and the scheduler keeps two pods that use one port off the same node (on the host network a "
+            "containerPort is also a hostPort).")
+    unpinned = [rs.role.name for rs, net in sets if net.host_network and not rs.settings.socket_ifname]
+    if unpinned:
+        text += (f" {', '.join(unpinned)} name no interface: gloo and NCCL pick one of the node's themselves, which "
+                 "on a node with several NICs may not be the one the other pods reach; name it with "
+                 "kubernetes.socket_ifname in the inventory (GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME).")
+    return text + " SGLANG_HOST_IP is the pod's address, which there is the node's."
