@@ -11,7 +11,9 @@ Inventory shape (see ``inventory/hosts.yml`` for a commented example)::
         numa_nodes: [{id: 0, gpus: [0, 1, 2, 3], cpus: "0-31"}, ...]
         roles: [prefill, {role: decode, numa_node: 1}, router]
 
-Anything under ``defaults`` may be given per host too; the host's value wins.
+Anything under ``defaults`` may be given per host too; the host's value wins. ``kubernetes:``
+(defaults, a host, a role) and ``numa_nodes[].memory_gib`` are read only by
+``invoke render --target k8s``; ``k8sinventory.py`` checks them.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from . import k8sinventory
 from .controlchars import control_problem
 from .errors import InputError, Problem
 from .model import (
@@ -30,6 +33,7 @@ from .model import (
     Health,
     Host,
     Inventory,
+    K8sSettings,
     NumaNode,
     PlacementRequest,
     Role,
@@ -41,7 +45,7 @@ from .model import (
 from .yamlsrc import Checker, LineMap, load_yaml
 
 HOST_KEYS = {"address", "ssh", "numa_nodes", "gpu_memory_gib", "engine_versions", "python", "deployment",
-             "supervisor", "connection",
+             "supervisor", "connection", "kubernetes",
              "bind_address", "numa_policy", "env", "roles"}
 NUMA_POLICIES = ("bind", "preferred", "interleave", "none")
 SUPERVISORS = ("auto", "systemd", "process")
@@ -49,7 +53,7 @@ CONNECTIONS = ("ssh", "local")
 DEFAULT_KEYS = HOST_KEYS - {"address", "numa_nodes", "roles", "deployment"}
 ROLE_KEYS = {"engine", "description", "tp_size", "nnodes", "gpus", "allow_span_numa", "version", "model",
              "settings", "extra_args", "argv", "ports", "upstreams", "env", "secret_env", "health",
-             "stop_timeout_s", "log_format", "python", "smoke"}
+             "stop_timeout_s", "log_format", "python", "smoke", "kubernetes"}
 # Matched with fullmatch: ``$`` would also accept a name that ends in a newline.
 NAME_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,40}")
 NAME_RULE = "use lowercase letters, digits, - or _ (at most 41, starting with a letter or digit)"
@@ -80,11 +84,12 @@ def load_inventory(path: str | Path, problems: list[Problem] | None = None) -> I
     templates_dir = Path(os.path.normpath(path.parent / top.get("templates_dir", str, default="../templates")))
     defaults = top.child("defaults")
     defaults.unknown_keys(DEFAULT_KEYS)
+    default_k8s = k8sinventory.k8s_settings(defaults, k8sinventory.HOST_KEYS)  # read once, not per host
 
     hosts_raw = top.get("hosts", dict, required=True, default={})
     hosts: dict[str, Host] = {}
     for name, raw in hosts_raw.items():
-        host = _host(str(name), raw, defaults, problems, str(path), hosts_raw, deployment)
+        host = _host(str(name), raw, defaults, problems, str(path), hosts_raw, deployment, default_k8s)
         if host is not None:
             hosts[host.name] = host
 
@@ -112,7 +117,7 @@ def load_inventory(path: str | Path, problems: list[Problem] | None = None) -> I
 
 
 def _host(name: str, raw: Any, defaults: Checker, problems: list[Problem], file: str,
-          parent: Any, default_deployment: str) -> Host | None:
+          parent: Any, default_deployment: str, default_k8s: K8sSettings) -> Host | None:
     line = parent.line_of(name) if isinstance(parent, LineMap) else None
     if not NAME_RE.fullmatch(name):
         problems.append(Problem(f"host name {name!r}: {NAME_RULE}", file=file, line=line, host=name))
@@ -154,6 +159,7 @@ def _host(name: str, raw: Any, defaults: Checker, problems: list[Problem], file:
         gpus = nc.get("gpus", list, required=True, default=[])
         cpus = nc.get("cpus", (str, int), required=True, default="")
         cpus = str(cpus)
+        memory = nc.get("memory_gib", float, check=_positive)
         if cpus and not CPU_LIST_RE.fullmatch(cpus.replace(" ", "")):
             nc.fail(f"CPU list {cpus!r} is not like '0-31' or '0-15,64-79'", "cpus")
         good: list[int] = []
@@ -168,7 +174,7 @@ def _host(name: str, raw: Any, defaults: Checker, problems: list[Problem], file:
             good.append(g)
         if any(n.id == nid for n in nodes):
             nc.fail(f"NUMA node id {nid} appears twice", "id")
-        nodes.append(NumaNode(id=nid, gpus=tuple(good), cpus=cpus.replace(" ", "")))
+        nodes.append(NumaNode(id=nid, gpus=tuple(good), cpus=cpus.replace(" ", ""), memory_gib=memory))
 
     mem = pick("gpu_memory_gib", (float, dict), None)
     gpu_mem: dict[int, float] = {}
@@ -233,6 +239,7 @@ def _host(name: str, raw: Any, defaults: Checker, problems: list[Problem], file:
                         f"one of {', '.join(SUPERVISORS)}"),
         connection=pick("connection", str, "ssh", lambda v: None if v in CONNECTIONS else
                         f"one of {', '.join(CONNECTIONS)}"),
+        kubernetes=default_k8s.under(k8sinventory.k8s_settings(c, k8sinventory.HOST_KEYS)),
     )
 
 
@@ -301,6 +308,10 @@ def load_role(path: Path, problems: list[Problem]) -> Role | None:
                        check=lambda v: None if v in LOG_FORMATS else f"one of {', '.join(LOG_FORMATS)}")
     python = c.get("python", str, check=lambda v: None if v.startswith("/") else "must be an absolute path")
     smoke = _smoke(c, engine)
+    kubernetes = k8sinventory.k8s_settings(c, k8sinventory.ROLE_KEYS)
+    if kubernetes.service_discovery and engine != "sglang_router":
+        c.fail("service_discovery is for routers (engine sglang_router): they find their workers' pods by label",
+               "kubernetes.service_discovery", line=kubernetes.where["service_discovery"].line)
     if len(problems) > before:
         return None
     lines = dict(data.key_lines) if isinstance(data, LineMap) else {}
@@ -318,7 +329,7 @@ def load_role(path: Path, problems: list[Problem]) -> Role | None:
         env=_env(c.get("env", dict, default={}) or {}, c, "env"),
         secret_env=tuple(str(s) for s in secret_env), health=health,
         stop_timeout_s=c.get("stop_timeout_s", float, default=30.0, check=_positive), log_format=log_format,
-        python=python, smoke=smoke, lines=lines,
+        python=python, smoke=smoke, kubernetes=kubernetes, lines=lines,
     )
 
 

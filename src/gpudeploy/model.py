@@ -26,6 +26,47 @@ class NumaNode:
     id: int
     gpus: tuple[int, ...]
     cpus: str  # systemd CPU list syntax, e.g. "0-31,64-95"
+    memory_gib: float | None = None  # its RAM; only Kubernetes rendering reads it (memory requests)
+
+
+@dataclass(frozen=True)
+class K8sSettings:
+    """``kubernetes:`` of the inventory (``defaults``, a host) or of a role: what only
+    ``invoke render --target k8s`` reads. None means "not given here", so a host's settings can be
+    laid under a role's (``under``); ``where`` names the file and line each given key came from."""
+
+    node_selector: dict[str, str] | None = None
+    tolerations: tuple[dict[str, Any], ...] | None = None
+    affinity: dict[str, Any] | None = None
+    rdma_resource: str | None = None  # an RDMA device plugin's resource, e.g. rdma/ib
+    socket_ifname: str | None = None  # GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME
+    reserved_cpus: int | None = None  # per NUMA node: what the kubelet, the system and daemonsets keep
+    reserved_memory_gib: float | None = None
+    privileged: bool | None = None
+    host_network: bool | None = None
+    qos: str | None = None  # burstable or guaranteed
+    cpus: int | None = None  # per pod, instead of its share of its NUMA node
+    memory_gib: float | None = None
+    shm_gib: float | None = None  # the /dev/shm emptyDir's sizeLimit
+    service_discovery: bool | None = None  # routers: find the workers by their pods' labels
+    where: dict[str, Where] = field(default_factory=dict)
+
+    def under(self, top: K8sSettings) -> K8sSettings:
+        """These settings with ``top``'s laid over them: ``top``'s values win, its node_selector
+        keys are added to these, its tolerations follow these."""
+        merged: dict[str, Any] = {}
+        for name in K8S_FIELDS:
+            mine, theirs = getattr(self, name), getattr(top, name)
+            if name == "node_selector" and mine is not None and theirs is not None:
+                merged[name] = {**mine, **theirs}
+            elif name == "tolerations" and mine is not None and theirs is not None:
+                merged[name] = mine + tuple(t for t in theirs if t not in mine)
+            else:
+                merged[name] = theirs if theirs is not None else mine
+        return K8sSettings(**merged, where={**self.where, **top.where})
+
+
+K8S_FIELDS = tuple(n for n in K8sSettings.__dataclass_fields__ if n != "where")
 
 
 @dataclass(frozen=True)
@@ -78,6 +119,7 @@ class Host:
     deployment: str = "default"  # the deployment its placements belong to unless they say otherwise
     supervisor: str = "auto"  # systemd, process (no systemd there), or auto: what the host runs
     connection: str = "ssh"  # ssh, or local: gpudeploy runs on this host itself
+    kubernetes: K8sSettings = field(default_factory=K8sSettings)  # defaults.kubernetes under the host's
 
     @property
     def gpus(self) -> tuple[int, ...]:
@@ -132,6 +174,7 @@ class Role:
     log_format: str = "sglang"  # verify.causes table: sglang or vllm
     python: str | None = None  # this role's interpreter (e.g. a router venv); else the host's
     smoke: Smoke | None = None  # routers: the generation that gates the deployment
+    kubernetes: K8sSettings = field(default_factory=K8sSettings)  # render --target k8s only
     lines: dict[str, int] = field(default_factory=dict)  # key -> line in the role file
 
     @property

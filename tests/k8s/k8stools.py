@@ -45,6 +45,22 @@ def pd_inventory(root: Path, prefill: dict[str, Any] | None = None, decode: dict
                             "router": ROUTER}, **kwargs)
 
 
+TP16 = {"engine": "sglang", "tp_size": 16, "nnodes": 2, "model": {"path": "/models/DeepSeek-V3"},
+        "settings": {"trust_remote_code": True}, "health": {"timeout_s": 3600}}
+EIGHT = {"numa_nodes": [{"id": 0, "gpus": [0, 1, 2, 3, 4, 5, 6, 7], "cpus": "0-63"}]}
+
+
+def multinode(root: Path, n2_env: dict[str, str] | None = None, tp16: dict[str, Any] | None = None,
+              front: dict[str, Any] | None = None) -> str:
+    """TP16 over two 8-GPU nodes (deployment big) and a router on a third host, overrides merged in."""
+    return write_inventory(root, {
+        "n1": {**EIGHT, "address": "192.0.2.21", "roles": ["tp16"]},
+        "n2": {**EIGHT, "address": "192.0.2.22", "roles": ["tp16"], **({"env": n2_env} if n2_env else {})},
+        "r1": {"address": "192.0.2.23", "numa_nodes": [], "roles": ["front"]},
+    }, {"tp16": {**TP16, **(tp16 or {})},
+        "front": {"engine": "sglang_router", "upstreams": {"workers": ["tp16"]}, **(front or {})}}, deployment="big")
+
+
 def docs(text: str) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(text) if d is not None]
 

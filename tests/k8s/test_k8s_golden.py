@@ -1,9 +1,11 @@
 """The shipped inventories rendered for Kubernetes, compared with committed files, and validation
 that refuses what an API server would.
 
-Golden files: ``golden/<inventory>/`` holds what ``invoke render --target k8s --inventory
-inventory/<inventory>.yml --out DIR`` writes. After an intended change of the rendering, write
-them again and review the diff:
+Golden files: ``golden/<name>/`` holds what ``invoke render --target k8s --inventory
+inventory/<name>.yml --out DIR`` writes for the shipped inventories, and for the cases of issue 24
+(``cases/<name>/inventory.yml``: PD on one node over TCP, PD over RDMA with a named RDMA resource,
+TP16 over two nodes, a router's service discovery). After an intended change of the rendering,
+write them again and review the diff:
 
     GPUDEPLOY_K8S_GOLDEN=write .venv/bin/pytest tests/k8s/test_k8s_golden.py
 """
@@ -22,12 +24,22 @@ import yaml
 from k8stools import REPO, container, docs
 
 from gpudeploy.k8s import render
-from gpudeploy.k8s.build import Manifest
+from gpudeploy.k8s.envrefs import references, undefined_references
+from gpudeploy.k8s.resources import qos_class
+from gpudeploy.k8s.roleset import Manifest
 from gpudeploy.k8s.validate import K8S_VERSION, LWS_SCHEMA, lws_schema_from_crd, manifest_problems
 from gpudeploy.model import Role
 
 GOLDEN = Path(__file__).parent / "golden"
-INVENTORIES = ["lab", "hosts"]
+CASES_DIR = Path(__file__).parent / "cases"
+SHIPPED = ["lab", "hosts"]  # inventory/<name>.yml
+CASES = sorted(p.name for p in CASES_DIR.iterdir() if (p / "inventory.yml").exists())
+INVENTORIES = SHIPPED + CASES
+
+
+def source(name: str) -> str:
+    """The inventory as given on the command line (the header names it so)."""
+    return f"inventory/{name}.yml" if name in SHIPPED else f"tests/k8s/cases/{name}/inventory.yml"
 SHARED_CRD = REPO.parent / "shared" / "reference" / "k8s" / "leaderworkerset-crd.yaml"
 
 
@@ -38,7 +50,7 @@ def _in_repo(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.parametrize("name", INVENTORIES)
 def test_render_matches_golden_files(name: str) -> None:
-    files = render(f"inventory/{name}.yml").files()
+    files = render(source(name)).files()
     folder = GOLDEN / name
     if os.environ.get("GPUDEPLOY_K8S_GOLDEN") == "write":
         folder.mkdir(parents=True, exist_ok=True)
@@ -79,15 +91,16 @@ def test_golden_engines_match_the_plan() -> None:
     lws = {d["metadata"]["name"]: d for d in docs(text) if d["kind"] == "LeaderWorkerSet"}
     for name in ("lab-prefill", "lab-decode"):
         c = container(lws[name])
-        assert c["resources"]["requests"] == c["resources"]["limits"] == {"nvidia.com/gpu": 4}
+        assert c["resources"]["requests"]["nvidia.com/gpu"] == c["resources"]["limits"]["nvidia.com/gpu"] == 4
+        assert c["resources"]["requests"]["cpu"] >= 1  # never BestEffort
         start = c["startupProbe"]
         assert start["httpGet"] == {"path": "/health", "port": "http"}
         assert start["failureThreshold"] * start["periodSeconds"] >= 1800  # roles/prefill.yml health.timeout_s
         assert c["readinessProbe"]["httpGet"]["path"] == "/health"
         assert c["command"] == ["python3"] and "/usr/bin/python3" not in c["args"]
-        assert {"name": "dshm", "emptyDir": {"medium": "Memory"}} in lws[name]["spec"]["leaderWorkerTemplate"][
-            "workerTemplate"]["spec"]["volumes"]
-        assert lws[name]["spec"]["startupPolicy"] == "LeaderReady"
+        pod = lws[name]["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]
+        assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}} in pod["volumes"]
+        assert lws[name]["spec"]["startupPolicy"] == "LeaderCreated"
         assert lws[name]["spec"]["leaderWorkerTemplate"]["restartPolicy"] == "RecreateGroupOnPodRestart"
     [router] = [d for d in docs(text) if d["kind"] == "Deployment"]
     args = container(router)["args"]
@@ -156,3 +169,80 @@ def test_core_kinds_are_checked_strictly() -> None:
     text = "\n".join(str(p) for p in manifest_problems(m, doc))
     assert "spec.ports[0].port: '30000' is not of type 'integer'" in text
     assert "'selectr' was unexpected" in text and "Kubernetes 1.30 Service schema" in text
+
+
+@pytest.mark.parametrize("word,refs", [
+    ("$(LWS_LEADER_ADDRESS):20000", ["LWS_LEADER_ADDRESS"]),
+    ("q$$(HOME)$x", []),  # $$ is an escaped $: the server gets q$(HOME)$x
+    ("$$$(A)", ["A"]),
+    ("$(A)$(B)", ["A", "B"]),
+    ("$(unclosed", []),
+    ("plain", []),
+])
+def test_references_are_read_as_kubernetes_expands_them(word: str, refs: list[str]) -> None:
+    assert references(word) == refs
+
+
+def lws_docs(name: str) -> tuple[list[Manifest], list[dict[str, Any]]]:
+    r = render(source(name))
+    [(dep, manifests)] = r.manifests.items()
+    return manifests, docs(r.streams[dep])
+
+
+@pytest.mark.parametrize("name", INVENTORIES)
+def test_every_variable_the_golden_containers_use_is_defined(name: str) -> None:
+    assert undefined_references(*lws_docs(name)) == []
+
+
+def case_docs(name: str) -> list[dict[str, Any]]:
+    [path] = (GOLDEN / name).glob("*.yaml")
+    return docs(path.read_text())
+
+
+def test_the_issue_24_goldens_hold_what_they_are_named_for() -> None:
+    assert sorted(CASES) == ["discovery", "pd-rdma", "pd-tcp", "tp16"]
+    tcp = case_docs("pd-tcp")
+    assert all(d["data"].get("MC_FORCE_TCP") == "1" for d in tcp if d["kind"] == "ConfigMap"
+               and d["metadata"]["name"] != "tcp-router-env")
+    assert all(qos_class(c["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]) == "Guaranteed"
+               for c in tcp if c["kind"] == "LeaderWorkerSet")
+    rdma = [d for d in case_docs("pd-rdma") if d["kind"] == "LeaderWorkerSet"]
+    assert len(rdma) == 2 and all(container(d)["resources"]["limits"]["rdma/ib"] == 1 for d in rdma)
+    assert all(d["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["hostNetwork"] for d in rdma)
+    [tp16] = [d for d in case_docs("tp16") if d["kind"] == "LeaderWorkerSet"]
+    assert tp16["spec"]["leaderWorkerTemplate"]["size"] == 2
+    assert container(tp16, "leaderTemplate")["args"].count("--tp-size") == 1
+    sd = case_docs("discovery")
+    [router] = [d for d in sd if d["kind"] == "Deployment"]
+    assert "--service-discovery" in container(router)["args"]
+    assert {d["kind"] for d in sd} >= {"ServiceAccount", "Role", "RoleBinding"}
+    assert [d["spec"]["replicas"] for d in sd if d["kind"] == "LeaderWorkerSet"] == [2, 1]  # prefill, decode
+
+
+def test_a_variable_no_env_defines_is_an_error_naming_manifest_and_container() -> None:
+    manifests, rendered = lws_docs("lab")
+    changed = copy.deepcopy(rendered)
+    [lws] = [d for d in changed if d["metadata"]["name"] == "lab-prefill"]
+    c = container(lws)
+    c["args"] += ["--dist-init-addr", "$(LWS_LEADER_ADDRESS):20000", "--node-rank", "$(LWS_WORKER_INDEX)"]
+    [problem] = undefined_references(manifests, changed)
+    text = str(problem)
+    assert "LeaderWorkerSet lab-prefill of deployment lab, container sglang (workerTemplate)" in text
+    assert "$(LWS_WORKER_INDEX), which is not defined" in text and "roles/prefill.yml" in text
+    assert "ConfigMap lab-prefill-env" in text and "LWS_LEADER_ADDRESS" in text  # where it looked
+    # Defined in the container's own env, or in the ConfigMap it reads: no error.
+    c["env"] = [{"name": "LWS_WORKER_INDEX", "value": "0"}]
+    assert undefined_references(manifests, changed) == []
+    del c["env"]
+    [config] = [d for d in changed if d["metadata"]["name"] == "lab-prefill-env"]
+    config["data"]["LWS_WORKER_INDEX"] = "0"
+    assert undefined_references(manifests, changed) == []
+
+
+def test_only_leaderworkerset_pods_get_what_lws_injects() -> None:
+    manifests, rendered = lws_docs("lab")
+    changed = copy.deepcopy(rendered)
+    [router] = [d for d in changed if d["kind"] == "Deployment"]
+    container(router)["args"] += ["--host", "$(LWS_LEADER_ADDRESS)"]
+    [problem] = undefined_references(manifests, changed)
+    assert "Deployment lab-lab-router" in str(problem) and "container router (template)" in str(problem)

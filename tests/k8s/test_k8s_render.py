@@ -7,22 +7,22 @@ import os
 from pathlib import Path
 
 import pytest
-from k8stools import DECODE, MODEL, PREFILL, ROUTER, by_kind, container, docs, invoke, pd_inventory, write_inventory
+from k8stools import (
+    DECODE,
+    MODEL,
+    PREFILL,
+    ROUTER,
+    by_kind,
+    container,
+    docs,
+    invoke,
+    multinode,
+    pd_inventory,
+    write_inventory,
+)
 
 from gpudeploy.errors import InputError
 from gpudeploy.k8s import Options, render
-
-TP16 = {"engine": "sglang", "tp_size": 16, "nnodes": 2, "model": {"path": "/models/DeepSeek-V3"},
-        "settings": {"trust_remote_code": True}, "health": {"timeout_s": 3600}}
-EIGHT = {"numa_nodes": [{"id": 0, "gpus": [0, 1, 2, 3, 4, 5, 6, 7], "cpus": "0-63"}]}
-
-
-def multinode(tmp_path: Path, n2_env: dict[str, str] | None = None) -> str:
-    return write_inventory(tmp_path, {
-        "n1": {**EIGHT, "address": "192.0.2.21", "roles": ["tp16"]},
-        "n2": {**EIGHT, "address": "192.0.2.22", "roles": ["tp16"], **({"env": n2_env} if n2_env else {})},
-        "r1": {"address": "192.0.2.23", "numa_nodes": [], "roles": ["front"]},
-    }, {"tp16": TP16, "front": {"engine": "sglang_router", "upstreams": {"workers": ["tp16"]}}}, deployment="big")
 
 
 def test_a_role_over_two_nodes_is_one_leaderworkerset_of_size_2(tmp_path: Path) -> None:
@@ -30,7 +30,7 @@ def test_a_role_over_two_nodes_is_one_leaderworkerset_of_size_2(tmp_path: Path) 
     text = r.streams["big"]
     lws = by_kind(text, "LeaderWorkerSet")["big-tp16"]
     spec = lws["spec"]
-    assert spec["replicas"] == 1 and spec["startupPolicy"] == "LeaderReady"
+    assert spec["replicas"] == 1 and spec["startupPolicy"] == "LeaderCreated"  # defect 4 of issue 24
     assert spec["leaderWorkerTemplate"]["size"] == 2
     assert spec["leaderWorkerTemplate"]["restartPolicy"] == "RecreateGroupOnPodRestart"
     leader, worker = container(lws, "leaderTemplate"), container(lws, "workerTemplate")
@@ -40,14 +40,12 @@ def test_a_role_over_two_nodes_is_one_leaderworkerset_of_size_2(tmp_path: Path) 
     assert pairs["--dist-init-addr"] == "$(LWS_LEADER_ADDRESS):20000"
     assert pairs["--nnodes"] == "$(LWS_GROUP_SIZE)" and pairs["--node-rank"] == "$(LWS_WORKER_INDEX)"
     assert pairs["--tp-size"] == "16" and pairs["--host"] == "0.0.0.0"
-    for c in (leader, worker):  # eight GPUs per node, requests = limits
-        assert c["resources"] == {"requests": {"nvidia.com/gpu": 8}, "limits": {"nvidia.com/gpu": 8}}
-    # The leader is Ready once its store listens, or LWS would never create the workers it waits for.
-    assert leader["startupProbe"]["tcpSocket"] == {"port": "dist-init"}
+    for c in (leader, worker):  # eight GPUs per node, requests = limits; the node's 64 CPUs less 2 kept
+        assert c["resources"] == {"requests": {"cpu": 62, "nvidia.com/gpu": 8}, "limits": {"nvidia.com/gpu": 8}}
+    # Every rank is probed on /health (test_k8s_defects.py, defect 4); only the leader serves dist-init.
     assert leader["startupProbe"]["failureThreshold"] * leader["startupProbe"]["periodSeconds"] >= 3600
     assert {"name": "dist-init", "containerPort": 20000} in leader["ports"]
     assert "dist-init" not in [p["name"] for p in worker["ports"]]
-    assert "startupProbe" not in worker and "readinessProbe" not in worker
     template = spec["leaderWorkerTemplate"]
     assert [template[t]["metadata"]["labels"]["role"] for t in ("leaderTemplate", "workerTemplate")] == [
         "leader", "worker"]
@@ -57,7 +55,7 @@ def test_a_role_over_two_nodes_is_one_leaderworkerset_of_size_2(tmp_path: Path) 
     assert router["args"][router["args"].index("--worker-urls") + 1] == "http://big-tp16-leader:30000"
     for host_value in ("192.0.2.2", "/opt/sglang/venv/bin/python"):  # addresses, the host's interpreter
         assert host_value not in text
-    assert any("spans 2 nodes" in n and "LeaderReady" in n for n in r.notes["big"])
+    assert any("spans 2 nodes" in n and "LeaderCreated" in n for n in r.notes["big"])
 
 
 def test_ranks_that_differ_cannot_share_a_template(tmp_path: Path) -> None:
@@ -116,7 +114,8 @@ def test_rdma_only_where_infiniband_devices_are_declared(tmp_path: Path) -> None
 
     ib = {"settings": {**PREFILL["settings"], "disaggregation_ib_device": "mlx5_0,mlx5_1"}}
     ib_decode = {"settings": {**DECODE["settings"], "disaggregation_ib_device": "mlx5_0,mlx5_1"}}
-    r = render(pd_inventory(tmp_path / "b", prefill=ib, decode=ib_decode))
+    r = render(pd_inventory(tmp_path / "b", prefill=ib, decode=ib_decode,
+                            defaults={"kubernetes": {"rdma_resource": "rdma/ib"}}))
     text = r.streams["t"]
     for name in ("t-prefill", "t-decode"):
         lws = by_kind(text, "LeaderWorkerSet")[name]
@@ -124,11 +123,12 @@ def test_rdma_only_where_infiniband_devices_are_declared(tmp_path: Path) -> None
         assert pod["hostNetwork"] is True and pod["dnsPolicy"] == "ClusterFirstWithHostNet"
         c = container(lws)
         assert c["securityContext"] == {"capabilities": {"add": ["IPC_LOCK"]}}
-        assert {"name": "infiniband", "mountPath": "/dev/infiniband"} in c["volumeMounts"]
+        # The RDMA device plugin gives the pod its devices; only a privileged pod mounts the node's.
+        assert {"name": "infiniband", "mountPath": "/dev/infiniband"} not in c["volumeMounts"]
         assert by_kind(text, "ConfigMap")[f"{name}-env"]["data"]["NCCL_IB_HCA"] == "mlx5_0,mlx5_1"
     router = by_kind(text, "Deployment")["t-router"]
     assert "hostNetwork" not in router["spec"]["template"]["spec"]  # the router moves no KV
-    assert any("RDMA (prefill, decode" in n and "privileged" in n for n in r.notes["t"])
+    assert any("RDMA: prefill, decode through the RDMA device plugin's rdma/ib" in n for n in r.notes["t"])
 
 
 def test_a_role_value_no_manifest_can_hold_is_refused_and_nothing_is_written(tmp_path: Path) -> None:
@@ -141,7 +141,7 @@ def test_a_role_value_no_manifest_can_hold_is_refused_and_nothing_is_written(tmp
     assert "nothing was changed" in err
     assert "roles/prefill.yml" in err and "key health.timeout_s" in err
     assert "LeaderWorkerSet t-prefill of deployment t" in err
-    assert "startupProbe.failureThreshold: 100000000000 does not fit an int32" in err
+    assert "startupProbe.failureThreshold: 200000000000 does not fit an int32" in err  # 2 x health.timeout_s
     assert "LeaderWorkerSet v1 CRD schema at" in err and "failureThreshold/format" in err
 
 

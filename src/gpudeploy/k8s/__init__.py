@@ -1,7 +1,8 @@
 """The same inventory and roles as Kubernetes manifests: ``invoke render --target k8s [--out DIR]``.
 
     plan (pure) -> build.py (dicts per deployment) -> write.py (YAML) -> validate.py (read back,
-    checked against the LeaderWorkerSet CRD and Kubernetes' own schemas) -> files or stdout
+    checked against the LeaderWorkerSet CRD and Kubernetes' own schemas) and envrefs.py (every
+    $(VAR) of a container's command and args is defined for it) -> files or stdout
 
 Nothing is written unless every manifest of every deployment validates. notes.py says, per
 deployment, what a manifest cannot express (NUMA binding, GPU indices, hosts, deploy's checks).
@@ -16,8 +17,10 @@ import yaml
 
 from ..errors import InputError, Problem
 from ..plan import load_plan
-from .build import Manifest, Options, build, role_sets
+from .build import Options, build
+from .envrefs import undefined_references
 from .notes import deployment_notes
+from .roleset import Manifest, role_sets
 from .validate import K8S_VERSION, manifest_problems
 from .write import notes_text, stream
 
@@ -47,7 +50,7 @@ def render(inventory: str, options: Options | None = None, deployment: str | Non
     plan = load_plan(inventory, deployment=deployment, memory=False)
     manifests = build(plan, options)
     sets = role_sets(plan)
-    notes = {dep: deployment_notes(sets[dep], options, K8S_VERSION) for dep in manifests}
+    notes = {dep: deployment_notes(sets[dep], manifests[dep], options, K8S_VERSION) for dep in manifests}
     streams = {dep: stream(dep, inventory, ms, notes[dep]) for dep, ms in manifests.items()}
     problems: list[Problem] = []
     for dep, text in streams.items():
@@ -55,6 +58,7 @@ def render(inventory: str, options: Options | None = None, deployment: str | Non
         docs = [d for d in yaml.safe_load_all(text) if d is not None]
         for m, doc in zip(manifests[dep], docs, strict=True):
             problems += manifest_problems(m, doc)
+        problems += undefined_references(manifests[dep], docs)
     if problems:
         raise InputError(problems)
     return Rendered(inventory=inventory, manifests=manifests, notes=notes, streams=streams)

@@ -24,13 +24,16 @@ def k8s_word(word: str) -> str:
     return word.replace("$", "$$")
 
 
-def engine_args(unit: Unit) -> list[str]:
-    """``args`` of an SGLang engine's container (``command`` is ``python3``)."""
+def engine_args(unit: Unit, port: int | None = None) -> list[str]:
+    """``args`` of an SGLang engine's container (``command`` is ``python3``); ``port``: the one a
+    discovering router reaches it on, instead of the planned one."""
     args = [k8s_word(w) for w in unit.argv[1:]]
     _set(args, "--host", BIND_ALL)
+    if port is not None:
+        _set(args, "--port", str(port))
     if unit.group is not None:
-        port = unit.group.dist_init.rsplit(":", 1)[1]
-        _set(args, "--dist-init-addr", f"$(LWS_LEADER_ADDRESS):{port}")
+        store = unit.group.dist_init.rsplit(":", 1)[1]
+        _set(args, "--dist-init-addr", f"$(LWS_LEADER_ADDRESS):{store}")
         _set(args, "--nnodes", "$(LWS_GROUP_SIZE)")
         _set(args, "--node-rank", "$(LWS_WORKER_INDEX)")
     return args

@@ -22,16 +22,29 @@ from typing import Any
 from ..errors import InputError, Problem
 from ..model import Plan, Role, Unit
 from ..plan.build import RESERVED_ENV
-from . import names
+from . import lws, names
 from .args import CONTAINER_PYTHON, engine_args, router_args
+from .discovery import (
+    BOOTSTRAP_ANNOTATION,
+    NAMESPACE_ENV,
+    bootstrap_annotated,
+    discovering,
+    discovery_args,
+    discovery_ports,
+    rbac,
+)
+from .placement import pod_placement
+from .probes import engine_probes, router_probes, startup_budget_s
+from .resources import Figures, figures, quantity
+from .roleset import Manifest, RoleSet, problem, role_sets, same
+from .transport import network, role_env
 
-LWS_API = "leaderworkerset.x-k8s.io/v1"
+LWS_API = lws.API
+WORKER_STARTUP_FLAG = "--worker-startup-timeout-secs"  # sglang-router 0.3.2
+SHUTDOWN_GRACE_FLAG = "--shutdown-grace-period-secs"
+ROUTER_SHUTDOWN_GRACE_S = 180  # sglang-router 0.3.2's default (its --help)
+GRACE_MARGIN_S = 10
 IMAGE = "lmsysorg/sglang:v{release}"  # SGLang's own images: the engine and its sglang-router
-PROBE_PERIOD_S = 10
-PROBE_TIMEOUT_S = 5
-READY_FAILURES = 3
-GPU_RESOURCE = "nvidia.com/gpu"
-IB_SETTING = "disaggregation_ib_device"  # the role declares InfiniBand devices: RDMA settings follow
 
 
 @dataclass(frozen=True)
@@ -42,56 +55,14 @@ class Options:
 
 
 @dataclass(frozen=True)
-class Manifest:
-    doc: dict[str, Any]
-    deployment: str
-    role: Role
+class Context:
+    """What the roles of one deployment need to know of each other."""
 
-    @property
-    def kind(self) -> str:
-        return str(self.doc["kind"])
-
-    @property
-    def name(self) -> str:
-        return str(self.doc["metadata"]["name"])
-
-    def __str__(self) -> str:
-        return f"{self.kind} {self.name} (role {self.role.name}, deployment {self.deployment})"
-
-
-@dataclass(frozen=True)
-class RoleSet:
-    """One role of one deployment: its units (every rank of every group), leaders first by group."""
-
-    deployment: str
-    role: Role
-    units: tuple[Unit, ...]
-
-    @property
-    def leaders(self) -> tuple[Unit, ...]:
-        return tuple(u for u in self.units if u.group is None or u.group.rank == 0)
-
-    @property
-    def replicas(self) -> int:
-        return len(self.leaders)
-
-    @property
-    def size(self) -> int:
-        return self.role.nnodes
-
-
-def role_sets(plan: Plan) -> dict[str, list[RoleSet]]:
-    """deployment -> its roles in plan order (engines before routers), each with all its units."""
-    found: dict[tuple[str, str], list[Unit]] = {}
-    for u in plan.units:
-        found.setdefault((u.deployment, u.role.name), []).append(u)
-    out: dict[str, list[RoleSet]] = {}
-    for (dep, _), units in found.items():
-        ranked = sorted(units, key=lambda u: u.group.rank if u.group else 0)
-        out.setdefault(dep, []).append(RoleSet(dep, units[0].role, tuple(ranked)))
-    for sets in out.values():
-        sets.sort(key=lambda s: s.role.engine == "sglang_router")
-    return out
+    urls: dict[str, str]  # planned upstream URL -> in-cluster URL
+    images: dict[str, str]  # engine role -> image
+    budgets: dict[str, int]  # engine role -> startup budget (s)
+    ports: dict[str, int]  # engine role -> the port a discovering router reaches it on
+    annotated: set[str]  # prefill roles whose pods carry their bootstrap port for a discovering router
 
 
 def build(plan: Plan, options: Options) -> dict[str, list[Manifest]]:
@@ -101,17 +72,21 @@ def build(plan: Plan, options: Options) -> dict[str, list[Manifest]]:
     if options.model_pvc is not None and (why := names.subdomain_problem(options.model_pvc)):
         raise InputError([Problem(f"--model-pvc: {why}", key="--model-pvc")])
     for dep, sets in role_sets(plan).items():
-        urls, images = _upstreams(sets, options)
+        ports = discovery_ports(sets, problems)
+        urls, images = _upstreams(sets, options, ports)
+        ctx = Context(urls=urls, images=images, ports=ports, annotated=bootstrap_annotated(sets),
+                      budgets={e.role.name: startup_budget_s(e.role) for e in sets if e.role.engine == "sglang"})
         manifests: list[Manifest] = []
         for rs in sets:
             before = len(problems)
             _name_problems(rs, problems)
+            rs.agree(problems)  # one template: every host of the role gives the same kubernetes: settings
             if rs.role.engine == "sglang":
-                made = _engine(rs, images[rs.role.name], options, problems)
+                made = _engine(rs, ctx, options, problems)
             elif rs.role.engine == "sglang_router":
-                made = _router(rs, urls, images, options, problems)
+                made = _router(rs, ctx, options, problems)
             else:
-                problems.append(_problem(rs, "engine", (
+                problems.append(problem(rs, "engine", (
                     f"engine {rs.role.engine} cannot be rendered for Kubernetes: its argv is a template of host "
                     "values (interpreter, bind address, state directory) and there is no image to run it in; "
                     "gpudeploy renders sglang and sglang_router roles (render other deployments with --deployment)")))
@@ -125,7 +100,8 @@ def build(plan: Plan, options: Options) -> dict[str, list[Manifest]]:
     return out
 
 
-def _upstreams(sets: list[RoleSet], options: Options) -> tuple[dict[str, str], dict[str, str]]:
+def _upstreams(sets: list[RoleSet], options: Options,
+               ports: dict[str, int]) -> tuple[dict[str, str], dict[str, str]]:
     """Planned upstream URL -> in-cluster URL, and engine role -> image, for one deployment.
 
     One group: the role's leader Service. Several: each leader by its own DNS name under the
@@ -138,12 +114,14 @@ def _upstreams(sets: list[RoleSet], options: Options) -> tuple[dict[str, str], d
         if rs.role.engine != "sglang":
             continue
         images[rs.role.name] = engine_image(rs, options)
-        lws = names.engine(rs.deployment, rs.role.name)
+        set_name = names.engine(rs.deployment, rs.role.name)
         for i, u in enumerate(rs.leaders):
             if "http" not in u.ports:
                 continue
-            host = names.leader_service(rs.deployment, rs.role.name) if rs.replicas == 1 else f"{lws}-{i}.{lws}"
-            urls[f"http://{u.host.address}:{u.ports['http']}"] = f"http://{host}:{u.ports['http']}"
+            one = rs.replicas == 1
+            host = names.leader_service(rs.deployment, rs.role.name) if one else f"{set_name}-{i}.{set_name}"
+            port = ports.get(rs.role.name, u.ports["http"])
+            urls[f"http://{u.host.address}:{u.ports['http']}"] = f"http://{host}:{port}"
     return urls, images
 
 
@@ -151,20 +129,28 @@ def engine_image(rs: RoleSet, options: Options) -> str:
     return options.image or IMAGE.format(release=rs.leaders[0].engine_version)
 
 
-def _engine(rs: RoleSet, image: str, options: Options, problems: list[Problem]) -> list[Manifest]:
+def _engine(rs: RoleSet, ctx: Context, options: Options, problems: list[Problem]) -> list[Manifest]:
     role, dep, lead = rs.role, rs.deployment, rs.leaders[0]
-    args = _same(rs, "args", {u.host.name: engine_args(u) for u in rs.units}, problems)
-    env = _same(rs, "env", {u.host.name: _public_env(u) for u in rs.units}, problems)
-    _same(rs, "engine release", {u.host.name: u.engine_version for u in rs.units}, problems)
-    gpus = _same(rs, "GPU count", {u.host.name: len(u.gpus) for u in rs.units}, problems)
+    image = ctx.images[role.name]
+    http = ctx.ports.get(role.name, lead.ports["http"])  # a discovering router's one port, else the plan's
+    args = same(rs, "args", {u.host.name: engine_args(u, http) for u in rs.units}, problems)
+    env = same(rs, "env", {u.host.name: _public_env(u) for u in rs.units}, problems)
+    same(rs, "engine release", {u.host.name: u.engine_version for u in rs.units}, problems)
+    gpus = same(rs, "GPU count", {u.host.name: len(u.gpus) for u in rs.units}, problems)
     if args is None or env is None or gpus is None:
         return []
-    rdma = ib_devices(role)
-    if rdma and "NCCL_IB_HCA" not in env:
-        env["NCCL_IB_HCA"] = rdma  # NCCL across nodes on the same HCAs the KV transfer uses
-    lws = names.engine(dep, role.name)
+    net = network(rs, problems)
+    env = role_env(net, env)
+    rdma = net.rdma
+    # The RDMA device plugin puts the pod's own devices in its /dev/infiniband; a privileged pod
+    # reads the node's (SGLang's LWS chart mounts it).
+    host_devices = rdma and net.privileged and not net.rdma_resource
+    figs = figures(rs, net.rdma_resource, problems)
+    if figs is None:
+        return []
+    set_name = names.engine(dep, role.name)
     labels = names.labels(dep, role.name, "sglang")
-    ports = [("http", lead.ports["http"])]
+    ports = [("http", http)]
     ports += [(k, lead.ports[k]) for k in ("bootstrap", "nccl") if k in lead.ports]
     if rs.size > 1:
         ports.append(("dist-init", int(lead.ports["dist_init"])))
@@ -174,23 +160,37 @@ def _engine(rs: RoleSet, image: str, options: Options, problems: list[Problem]) 
             "name": "sglang", "image": image, "command": [CONTAINER_PYTHON], "args": list(args),
             "envFrom": [{"configMapRef": {"name": names.env_config(dep, role.name)}}],
         }
-        if role.secret_env:
-            container["env"] = secret_env(dep, role.secret_env)
+        env_list = [lws.worker_index_env()] if rs.size > 1 else []  # --node-rank $(LWS_WORKER_INDEX)
+        env_list += net.pod_env
+        env_list += secret_env(dep, role.secret_env)
+        if env_list:
+            container["env"] = env_list
         # Only the leader listens on the dist-init port (its torch.distributed store).
         container["ports"] = [{"name": n, "containerPort": p} for n, p in ports if leader or n != "dist-init"]
-        if gpus:
-            container["resources"] = {"requests": {GPU_RESOURCE: gpus}, "limits": {GPU_RESOURCE: gpus}}
-        if leader:
-            container.update(_engine_probes(rs))
-        container["volumeMounts"] = _mounts(role, rdma)
+        # CPU and memory too (a pod that requests only GPUs is BestEffort); the RDMA device plugin's
+        # resource opens /dev/infiniband to the pod.
+        container["resources"] = figs.resources()
+        # Every rank: the leader's API (200 once every rank has joined and the server is up), a
+        # worker's (node rank >= 1) the health server SGLang starts there once its schedulers are
+        # ready (launch_dummy_health_check_server, srt/utils/common.py): the group is Ready when it serves.
+        container.update(engine_probes(role, env))
+        container["volumeMounts"] = _mounts(role, host_devices)
+        security: dict[str, Any] = {"privileged": True} if net.privileged else {}
         if rdma:
-            container["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
-        spec: dict[str, Any] = {"containers": [container], "volumes": _volumes(role, rdma, options.model_pvc),
+            security["capabilities"] = {"add": ["IPC_LOCK"]}  # RDMA pins (locks) its registered memory
+        if security:
+            container["securityContext"] = security
+        spec: dict[str, Any] = {"containers": [container],
+                                "volumes": _volumes(role, host_devices, options.model_pvc, figs),
                                 "terminationGracePeriodSeconds": math.ceil(role.stop_timeout_s)}
-        if rdma:
+        spec.update(pod_placement(rs, bool(gpus)))
+        if net.host_network:
             spec["hostNetwork"] = True
             spec["dnsPolicy"] = "ClusterFirstWithHostNet"
-        return {"metadata": {"labels": {**labels, "role": "leader" if leader else "worker"}}, "spec": spec}
+        meta: dict[str, Any] = {"labels": {**labels, "role": "leader" if leader else "worker"}}
+        if role.name in ctx.annotated and "bootstrap" in lead.ports:
+            meta["annotations"] = {BOOTSTRAP_ANNOTATION: str(lead.ports["bootstrap"])}  # for the router's discovery
+        return {"metadata": meta, "spec": spec}
 
     template: dict[str, Any] = {"size": rs.size, "restartPolicy": "RecreateGroupOnPodRestart"}
     if rs.size > 1:
@@ -200,81 +200,68 @@ def _engine(rs: RoleSet, image: str, options: Options, problems: list[Problem]) 
         template["workerTemplate"] = pod(True)  # a group of one: its only pod is the leader
     lws_doc = {
         "apiVersion": LWS_API, "kind": "LeaderWorkerSet",
-        "metadata": {"name": lws, "labels": dict(labels)},
-        "spec": {"replicas": rs.replicas, "startupPolicy": "LeaderReady", "leaderWorkerTemplate": template},
+        "metadata": {"name": set_name, "labels": dict(labels)},
+        # LeaderCreated (LWS's default): the workers start with the leader, so each rank can be
+        # probed on /health; LeaderReady would hold them until a leader that needs them is Ready.
+        "spec": {"replicas": rs.replicas, "startupPolicy": "LeaderCreated", "leaderWorkerTemplate": template},
     }
     service = {
         "apiVersion": "v1", "kind": "Service",
         "metadata": {"name": names.leader_service(dep, role.name), "labels": dict(labels)},
-        "spec": {"selector": {names.LWS_NAME_LABEL: lws, "role": "leader"},
+        "spec": {"selector": {lws.NAME_LABEL: set_name, "role": "leader"},
                  "ports": [{"name": n, "port": p, "targetPort": n}
                            for n, p in ports if n in ("http", "bootstrap")]},
     }
-    return [_config_map(rs, env), Manifest(lws_doc, dep, role), Manifest(service, dep, role)]
+    return [_config_map(rs, env), rs.manifest(lws_doc), rs.manifest(service)]
 
 
-def _engine_probes(rs: RoleSet) -> dict[str, Any]:
-    """The leader's probes. A group of one: the engine's health path. A group of several: the
-    leader's torch.distributed store (the dist-init port), because with startupPolicy LeaderReady
-    LWS creates the workers only once the leader is Ready, and the leader's /health answers only
-    after every rank has joined: a probe on /health there would wait forever (see notes.py)."""
-    if rs.size > 1:
-        check: dict[str, Any] = {"tcpSocket": {"port": "dist-init"}}
-    else:
-        check = {"httpGet": {"path": rs.role.health.path, "port": "http"}}
-    return _probes(rs.role, check, dict(check))
-
-
-def _probes(role: Role, startup: dict[str, Any], ready: dict[str, Any]) -> dict[str, Any]:
-    """startupProbe sized so that failureThreshold x periodSeconds covers the role's health timeout."""
-    failures = max(1, math.ceil(role.health.timeout_s / PROBE_PERIOD_S))
-    return {
-        "startupProbe": {**startup, "periodSeconds": PROBE_PERIOD_S, "timeoutSeconds": PROBE_TIMEOUT_S,
-                         "failureThreshold": failures},
-        "readinessProbe": {**ready, "periodSeconds": PROBE_PERIOD_S, "timeoutSeconds": PROBE_TIMEOUT_S,
-                           "failureThreshold": READY_FAILURES},
-    }
-
-
-def _router(rs: RoleSet, urls: dict[str, str], images: dict[str, str], options: Options,
-            problems: list[Problem]) -> list[Manifest]:
+def _router(rs: RoleSet, ctx: Context, options: Options, problems: list[Problem]) -> list[Manifest]:
     role, dep, lead = rs.role, rs.deployment, rs.leaders[0]
     planned: dict[str, list[str]] = {}
     for u in rs.units:
-        args, missing = router_args(u, urls)
+        args, missing = router_args(u, ctx.urls)
         for url in missing:
-            problems.append(_problem(rs, "upstreams", f"upstream {url} (on host {u.host.name}) is no engine "
+            problems.append(problem(rs, "upstreams", f"upstream {url} (on host {u.host.name}) is no engine "
                                                       "rendered for Kubernetes in this deployment"))
         planned[u.host.name] = args
-    args = _same(rs, "args", planned, problems)
-    env = _same(rs, "env", {u.host.name: _public_env(u) for u in rs.units}, problems)
+    agreed: list[str] | None = same(rs, "args", planned, problems)
+    env = same(rs, "env", {u.host.name: _public_env(u) for u in rs.units}, problems)
     ups = [r for kind in ("prefill", "decode", "workers") for r in role.upstreams.get(kind, ())]
-    image = options.router_image or options.image or next((images[r] for r in ups if r in images), None)
+    if agreed is not None:
+        agreed = _worker_startup(rs, agreed, max((ctx.budgets[r] for r in ups if r in ctx.budgets), default=0),
+                                 problems)
+    discovered = discovering(rs)
+    if agreed is not None and discovered:
+        agreed = discovery_args(rs, agreed, next((ctx.ports[r] for r in ups if r in ctx.ports), 0))
+    image = options.router_image or options.image or next((ctx.images[r] for r in ups if r in ctx.images), None)
     if image is None:
-        problems.append(_problem(rs, "upstreams", "no image for the router: it fronts no sglang engine of this "
+        problems.append(problem(rs, "upstreams", "no image for the router: it fronts no sglang engine of this "
                                                   "deployment; give one with --router-image"))
-    if args is None or env is None or image is None:
+    figs = figures(rs, None, problems)
+    if agreed is None or env is None or image is None or figs is None:
         return []
     name = names.router(dep, role.name)
     labels = names.labels(dep, role.name, "sglang-router")
     container: dict[str, Any] = {
-        "name": "router", "image": image, "command": [CONTAINER_PYTHON], "args": args,
+        "name": "router", "image": image, "command": [CONTAINER_PYTHON], "args": agreed,
         "envFrom": [{"configMapRef": {"name": names.env_config(dep, role.name)}}],
     }
-    if role.secret_env:
-        container["env"] = secret_env(dep, role.secret_env)
+    env_list = [dict(NAMESPACE_ENV)] if discovered else []  # --service-discovery-namespace $(POD_NAMESPACE)
+    env_list += secret_env(dep, role.secret_env)
+    if env_list:
+        container["env"] = env_list
     container["ports"] = [{"name": "http", "containerPort": lead.ports["http"]}]
-    # /liveness answers once the router serves; /readiness (the role's path) once its workers are
-    # healthy, which takes as long as the engines' model load: readiness waits, nothing restarts.
-    container.update(_probes(role, {"httpGet": {"path": "/liveness", "port": "http"}},
-                             {"httpGet": {"path": role.health.path, "port": "http"}}))
+    container["resources"] = figs.resources()
+    container.update(router_probes(role))
     deployment = {
         "apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {"name": name, "labels": dict(labels)},
         "spec": {"replicas": rs.replicas, "selector": {"matchLabels": names.selector(dep, role.name)},
                  "template": {"metadata": {"labels": dict(labels)},
-                              "spec": {"containers": [container],
-                                       "terminationGracePeriodSeconds": math.ceil(role.stop_timeout_s)}}},
+                              "spec": {**({"serviceAccountName": name} if discovered else {}),
+                                       "containers": [container],
+                                       "terminationGracePeriodSeconds": _router_grace_s(role, agreed),
+                                       **pod_placement(rs, False)}}},
     }
     service = {
         "apiVersion": "v1", "kind": "Service",
@@ -282,7 +269,39 @@ def _router(rs: RoleSet, urls: dict[str, str], images: dict[str, str], options: 
         "spec": {"selector": names.selector(dep, role.name),
                  "ports": [{"name": "http", "port": lead.ports["http"], "targetPort": "http"}]},
     }
-    return [_config_map(rs, env), Manifest(deployment, dep, role), Manifest(service, dep, role)]
+    access = [rs.manifest(doc) for doc in rbac(rs)] if discovered else []
+    return [*access, _config_map(rs, env), rs.manifest(deployment), rs.manifest(service)]
+
+
+def _router_grace_s(role: Role, args: list[str]) -> int:
+    """Seconds the kubelet gives the router between SIGTERM and SIGKILL: its own drain of in-flight
+    requests (--shutdown-grace-period-secs, 180 s unless set) and a little more, or its streams are
+    cut on every rollout."""
+    given = args[args.index(SHUTDOWN_GRACE_FLAG) + 1] if SHUTDOWN_GRACE_FLAG in args else ""
+    drain = int(given) if given.isdigit() else ROUTER_SHUTDOWN_GRACE_S
+    return max(math.ceil(role.stop_timeout_s), drain + GRACE_MARGIN_S)
+
+
+def _worker_startup(rs: RoleSet, args: list[str], needed_s: int, problems: list[Problem]) -> list[str] | None:
+    """The router's args with --worker-startup-timeout-secs covering its engines' startup budget.
+
+    On Kubernetes the router starts with its engines, not once they are ready as deploy starts it,
+    and drops a worker still unhealthy after that timeout (default 1800 s, shorter than a TP16
+    load). A shorter one the role sets itself is refused rather than dropped.
+    """
+    if not needed_s:
+        return args
+    if WORKER_STARTUP_FLAG not in args:
+        return [*args, WORKER_STARTUP_FLAG, str(needed_s)]
+    given = args[args.index(WORKER_STARTUP_FLAG) + 1]
+    if given.isdigit() and int(given) >= needed_s:
+        return args
+    key = "settings.worker_startup_timeout_secs" if "worker_startup_timeout_secs" in rs.role.settings else "extra_args"
+    problems.append(problem(rs, key, (
+        f"the router drops a worker that is not healthy {given} s after it starts ({WORKER_STARTUP_FLAG}), but on "
+        f"Kubernetes it starts with its engines, which may take {needed_s} s (their startup budget); raise it to "
+        f"{needed_s} or remove it")))
+    return None
 
 
 def _config_map(rs: RoleSet, env: dict[str, str]) -> Manifest:
@@ -291,7 +310,7 @@ def _config_map(rs: RoleSet, env: dict[str, str]) -> Manifest:
                         "labels": names.labels(rs.deployment, rs.role.name,
                                                "sglang" if rs.role.engine == "sglang" else "sglang-router")},
            "data": dict(env)}
-    return Manifest(doc, rs.deployment, rs.role)
+    return rs.manifest(doc)
 
 
 def secret_env(deployment: str, secrets: Iterable[str]) -> list[dict[str, Any]]:
@@ -300,38 +319,32 @@ def secret_env(deployment: str, secrets: Iterable[str]) -> list[dict[str, Any]]:
             for s in secrets]
 
 
-def ib_devices(role: Role) -> str | None:
-    """The InfiniBand devices the role names (SGLang's --disaggregation-ib-device), or None."""
-    value = role.settings.get(IB_SETTING)
-    if value is None or value is False or value == "":
-        return None
-    return ",".join(str(v) for v in value) if isinstance(value, list) else str(value)
-
-
 def _public_env(u: Unit) -> dict[str, str]:
     # The device plugin gives the pod its GPUs, numbered from 0: the host's indices would name others.
     return {k: v for k, v in u.env.items() if k not in RESERVED_ENV}
 
 
-def _mounts(role: Role, rdma: str | None) -> list[dict[str, Any]]:
+def _mounts(role: Role, host_devices: bool) -> list[dict[str, Any]]:
     mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}]
     path = model_dir(role)
     if path:
         mounts.append({"name": "model", "mountPath": path, "readOnly": True})
-    if rdma:
+    if host_devices:
         mounts.append({"name": "infiniband", "mountPath": "/dev/infiniband"})
     return mounts
 
 
-def _volumes(role: Role, rdma: str | None, model_pvc: str | None) -> list[dict[str, Any]]:
-    volumes: list[dict[str, Any]] = [{"name": "dshm", "emptyDir": {"medium": "Memory"}}]
+def _volumes(role: Role, host_devices: bool, model_pvc: str | None, figs: Figures) -> list[dict[str, Any]]:
+    # Bounded: an unbounded Memory emptyDir may grow to the node's memory (and counts against the pod's).
+    volumes: list[dict[str, Any]] = [{"name": "dshm", "emptyDir": {"medium": "Memory",
+                                                                   "sizeLimit": quantity(figs.shm_gib)}}]
     path = model_dir(role)
     if path and model_pvc:
         # Mounted at the planned path, so --model-path stays the one the plan rendered and checked.
         volumes.append({"name": "model", "persistentVolumeClaim": {"claimName": model_pvc, "readOnly": True}})
     elif path:
         volumes.append({"name": "model", "hostPath": {"path": path, "type": "Directory"}})
-    if rdma:
+    if host_devices:
         volumes.append({"name": "infiniband", "hostPath": {"path": "/dev/infiniband", "type": "Directory"}})
     return volumes
 
@@ -343,31 +356,6 @@ def model_dir(role: Role) -> str | None:
     return path if path.startswith("/") else None
 
 
-def _same(rs: RoleSet, what: str, per_host: dict[str, Any], problems: list[Problem]) -> Any:
-    """The one value every pod of the role gets, or None (and a problem) where the hosts differ."""
-    values = list(per_host.values())
-    if all(v == values[0] for v in values):
-        return values[0]
-    first_host = next(iter(per_host))
-    others = [h for h, v in per_host.items() if v != values[0]]
-    shown = "; ".join(f"{h}: {_diff(values[0], per_host[h])}" for h in others)
-    problems.append(_problem(rs, None, (
-        f"one pod template serves this role's {len(per_host)} hosts, but its {what} differs from "
-        f"{first_host}'s on {shown}; make them agree (pin ports in the role's ports:, the same env and "
-        "release on every host)")))
-    return None
-
-
-def _diff(a: Any, b: Any) -> str:
-    if isinstance(a, list) and isinstance(b, list):
-        i = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
-        return f"word {i} is {b[i] if i < len(b) else '(none)'!r}, not {a[i] if i < len(a) else '(none)'!r}"
-    if isinstance(a, dict) and isinstance(b, dict):
-        keys = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
-        return ", ".join(f"{k}={b.get(k)!r} (not {a.get(k)!r})" for k in keys)
-    return f"{b!r}, not {a!r}"
-
-
 def _name_problems(rs: RoleSet, problems: list[Problem]) -> None:
     dep, role = rs.deployment, rs.role.name
     wanted = [names.env_config(dep, role)]
@@ -376,17 +364,17 @@ def _name_problems(rs: RoleSet, problems: list[Problem]) -> None:
     for name in wanted:
         bad = names.name_problem(name)
         if bad:
-            problems.append(_problem(rs, None, f"{bad}: rename the role or deployment {dep!r}"))
+            problems.append(problem(rs, None, f"{bad}: rename the role or deployment {dep!r}"))
             return
     for value in (dep, role):
         bad = names.label_problem(value)
         if bad:
-            problems.append(_problem(rs, None, f"{bad}: rename the role or deployment"))
+            problems.append(problem(rs, None, f"{bad}: rename the role or deployment"))
             return
     if rs.role.engine == "sglang":
         bad = names.statefulset_problem(names.engine(dep, role), rs.replicas)
         if bad:
-            problems.append(_problem(rs, None, f"{bad}: shorten the role or deployment name"))
+            problems.append(problem(rs, None, f"{bad}: shorten the role or deployment name"))
 
 
 def _unique(dep: str, manifests: list[Manifest], problems: list[Problem]) -> None:
@@ -397,8 +385,3 @@ def _unique(dep: str, manifests: list[Manifest], problems: list[Problem]) -> Non
             problems.append(Problem(f"{m} and role {other.role.name} both need the {m.kind} name {m.name!r} "
                                     f"in deployment {dep!r}; rename one of the roles",
                                     file=m.role.file, role=m.role.name))
-
-
-def _problem(rs: RoleSet, key: str | None, message: str) -> Problem:
-    return Problem(f"deployment {rs.deployment}: {message}", file=rs.role.file,
-                   line=rs.role.lines.get(key) if key else None, role=rs.role.name, key=key)

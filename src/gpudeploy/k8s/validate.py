@@ -32,7 +32,7 @@ import jsonschema
 from jsonschema.exceptions import ValidationError
 
 from ..errors import GpudeployError, Problem
-from .build import Manifest
+from .roleset import Manifest
 
 K8S_VERSION = "1.30"  # the Kubernetes whose core schemas a render is checked against
 LWS_SCHEMA = "leaderworkerset-v1.schema.json"
@@ -158,7 +158,8 @@ def manifest_problems(m: Manifest, doc: dict[str, Any] | None = None) -> list[Pr
 
 # Where a value of a manifest came from in the role file, for the error's key and line.
 SOURCES = (("startupProbe.failureThreshold", "health.timeout_s"), ("terminationGracePeriodSeconds", "stop_timeout_s"),
-           ("containerPort", "ports"))
+           ("containerPort", "ports"), ("spec.affinity", "kubernetes.affinity"),
+           ("spec.nodeSelector", "kubernetes.node_selector"), ("spec.tolerations", "kubernetes.tolerations"))
 
 
 def _source(e: ValidationError) -> str | None:
@@ -186,6 +187,9 @@ def _where(e: ValidationError) -> str:
 
 
 def _problem(m: Manifest, message: str, key: str | None = None) -> Problem:
+    """At the role file's key, or for a kubernetes: setting where it was given (role or inventory)."""
+    where = m.sources.get(key.split(".", 1)[1]) if key and key.startswith("kubernetes.") else None
     line = m.role.lines.get(key, m.role.lines.get(key.split(".")[0])) if key else None
-    return Problem(f"the rendered {m.kind} {m.name} of deployment {m.deployment}: {message}", file=m.role.file,
-                   line=line, role=m.role.name, key=key)
+    return Problem(f"the rendered {m.kind} {m.name} of deployment {m.deployment}: {message}",
+                   file=where.file if where else m.role.file, line=where.line if where else line,
+                   role=m.role.name, key=key)

@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from .build import Manifest
+from .roleset import Manifest
 
 
 class _Dumper(yaml.SafeDumper):
