@@ -3,13 +3,17 @@
 `invoke status` is run often and must be quick. A fresh paramiko connection per host costs about
 0.1-0.15 s plus paramiko's import; OpenSSH's ControlMaster/ControlPersist (what Ansible uses too)
 lets the second and later runs reuse one connection per host for a while, so a probe costs one
-round trip. Host keys are checked by the same rule and the same files as the paramiko transport
-(``remote.knownhosts``, the files of ``remote.trust``'s rule); ``~/.ssh/config`` is honoured by OpenSSH itself.
+round trip. A shared connection is never checked again, so it is shared only by commands that
+reach the host the same way with the same trust (``controlpath``: a digest of the options, the jump
+chain and the known_hosts and ssh_config files; not ``%C``). Host keys are checked by the same rule
+and the same files as the paramiko transport (``remote.knownhosts``, the files of
+``remote.trust``'s rule); ``~/.ssh/config`` is honoured by OpenSSH itself.
 """
 
 from __future__ import annotations
 
 import os
+import pwd
 import shlex
 import shutil
 import subprocess
@@ -17,11 +21,13 @@ from pathlib import Path
 
 from ..errors import HostUnreachable, RemoteError
 from ..model import Host, SshConfig
-from . import knownhosts
+from . import controlpath, knownhosts
 from .base import Result, command_line
 
 PERSIST_S = 120
 CONTROL_DIR = Path(os.environ.get("GPUDEPLOY_SSH_CONTROL_DIR", Path.home() / ".cache" / "gpudeploy" / "ssh"))
+# The ssh_config files OpenSSH reads (its ~ is the password database's home, not $HOME).
+SSH_CONFIG_FILES = (os.path.join(pwd.getpwuid(os.getuid()).pw_dir, ".ssh", "config"), "/etc/ssh/ssh_config")
 
 
 def available() -> bool:
@@ -42,12 +48,7 @@ def _hop_options(ssh: SshConfig) -> list[str]:
 
 
 def ssh_argv(host: Host, command: list[str]) -> list[str]:
-    CONTROL_DIR.mkdir(parents=True, exist_ok=True)
-    CONTROL_DIR.chmod(0o700)  # the control sockets grant shell access to the hosts
-    opts = [*_hop_options(host.ssh),
-            "-o", "ControlMaster=auto", "-o", f"ControlPersist={PERSIST_S}",
-            "-o", f"ControlPath={CONTROL_DIR}/%C",
-            "-o", "ServerAliveInterval=2", "-o", "ServerAliveCountMax=3"]
+    opts = [*_hop_options(host.ssh), "-o", "ServerAliveInterval=2", "-o", "ServerAliveCountMax=3"]
     hop = host.ssh.proxy_jump
     if hop is not None:
         # Not -J: options given on the command line would not apply to the jump host (ssh(1)),
@@ -56,8 +57,24 @@ def ssh_argv(host: Host, command: list[str]) -> list[str]:
                          connect_timeout_s=hop.connect_timeout_s)
         inner = ["ssh", *_hop_options(jump), "-W", "%h:%p", "--", hop.address]
         opts += ["-o", "ProxyCommand=" + " ".join(shlex.quote(a) for a in inner)]
+    opts += _sharing(opts, host)
     # ssh joins its arguments into one remote shell command line: quote every word.
     return ["ssh", *opts, "--", host.address, command_line(command)]
+
+
+def _sharing(opts: list[str], host: Host) -> list[str]:
+    """Share one master per way of reaching the host (``controlpath``), or none where no name fits."""
+    files = knownhosts.all_files(host.ssh)
+    if host.ssh.proxy_jump is not None:
+        files += knownhosts.all_files(SshConfig(known_hosts=host.ssh.proxy_jump.known_hosts))
+    path = controlpath.path_for(CONTROL_DIR, [*opts, "--", host.address], [*files, *SSH_CONFIG_FILES])
+    if path is None:
+        return ["-o", "ControlMaster=no", "-o", "ControlPath=none"]
+    CONTROL_DIR.mkdir(parents=True, exist_ok=True)
+    CONTROL_DIR.chmod(0o700)  # the control sockets grant shell access to the hosts
+    # ssh expands %-tokens in ControlPath: a literal % in the folder's name is written %%.
+    return ["-o", "ControlMaster=auto", "-o", f"ControlPersist={PERSIST_S}",
+            "-o", "ControlPath=" + str(path).replace("%", "%%")]
 
 
 class OpenSsh:
