@@ -17,10 +17,9 @@ FAKE_SSHD = Path(__file__).resolve().parents[1] / "standin" / "fake_sshd.py"
 ADDRESS = "127.0.0.1"
 
 
-def keygen(path: Path) -> str:
-    """A new ed25519 key at ``path``; its public ``type base64``."""
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "", "-f", str(path)], check=True,
-                   timeout=30)
+def keygen(path: Path, kind: str = "ed25519") -> str:
+    """A new key at ``path``; its public ``type base64``."""
+    subprocess.run(["ssh-keygen", "-q", "-t", kind, "-N", "", "-C", "", "-f", str(path)], check=True, timeout=30)
     return " ".join(path.with_suffix(".pub").read_text().split()[:2])
 
 

@@ -4,9 +4,6 @@ master is never reused by another way of reaching the same address (issue 20, it
 from __future__ import annotations
 
 import shutil
-import subprocess
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,25 +14,6 @@ from gpudeploy.model import Host, SshConfig, SshHop
 from gpudeploy.remote import openssh
 
 pytestmark = pytest.mark.skipif(shutil.which("ssh") is None, reason="no OpenSSH client")
-
-
-@pytest.fixture
-def servers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Servers]:
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no user known_hosts of the machine's
-    s = Servers(tmp_path)
-    yield s
-    s.stop()
-
-
-@pytest.fixture
-def control_dir(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    d = Path(tempfile.mkdtemp(prefix="gdcm", dir="/tmp"))  # short: a socket's name is at most 104 bytes
-    monkeypatch.setattr(openssh, "CONTROL_DIR", d)
-    yield d
-    for sock in d.iterdir():  # the masters this test started (ControlPersist): each told to exit
-        subprocess.run(["ssh", "-o", f"ControlPath={sock}", "-O", "exit", "x"], capture_output=True, timeout=10,
-                       check=False)
-    shutil.rmtree(d)
 
 
 def host_behind(servers: Servers, port: int, bastion_port: int, known_hosts: Path) -> Host:

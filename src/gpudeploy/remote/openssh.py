@@ -13,7 +13,6 @@ and the same files as the paramiko transport (``remote.knownhosts``, the files o
 from __future__ import annotations
 
 import os
-import pwd
 import shlex
 import shutil
 import subprocess
@@ -21,13 +20,11 @@ from pathlib import Path
 
 from ..errors import HostUnreachable, RemoteError
 from ..model import Host, SshConfig
-from . import controlpath, knownhosts
+from . import controlpath, knownhosts, sshconfig
 from .base import Result, command_line
 
 PERSIST_S = 120
 CONTROL_DIR = Path(os.environ.get("GPUDEPLOY_SSH_CONTROL_DIR", Path.home() / ".cache" / "gpudeploy" / "ssh"))
-# The ssh_config files OpenSSH reads (its ~ is the password database's home, not $HOME).
-SSH_CONFIG_FILES = (os.path.join(pwd.getpwuid(os.getuid()).pw_dir, ".ssh", "config"), "/etc/ssh/ssh_config")
 
 
 def available() -> bool:
@@ -36,7 +33,7 @@ def available() -> bool:
 
 def _hop_options(ssh: SshConfig) -> list[str]:
     """How to reach one hop: login, port, key, timeout and the one trust rule."""
-    opts = ["-o", "BatchMode=yes", *knownhosts.openssh_options(ssh),
+    opts = [*sshconfig.openssh_args(), "-o", "BatchMode=yes", *knownhosts.openssh_options(ssh),
             "-o", f"ConnectTimeout={max(1, round(ssh.connect_timeout_s))}"]
     if ssh.port is not None:
         opts += ["-p", str(ssh.port)]
@@ -67,7 +64,7 @@ def _sharing(opts: list[str], host: Host) -> list[str]:
     files = knownhosts.all_files(host.ssh)
     if host.ssh.proxy_jump is not None:
         files += knownhosts.all_files(SshConfig(known_hosts=host.ssh.proxy_jump.known_hosts))
-    path = controlpath.path_for(CONTROL_DIR, [*opts, "--", host.address], [*files, *SSH_CONFIG_FILES])
+    path = controlpath.path_for(CONTROL_DIR, [*opts, "--", host.address], [*files, *sshconfig.files()])
     if path is None:
         return ["-o", "ControlMaster=no", "-o", "ControlPath=none"]
     CONTROL_DIR.mkdir(parents=True, exist_ok=True)

@@ -18,7 +18,7 @@ import paramiko
 
 from ..errors import HostUnreachable, RemoteError
 from ..model import Host, SshConfig
-from . import trust
+from . import hostfile, sshconfig, trust
 from .base import Result, command_line
 
 # paramiko logs each refused direct-tcpip channel (a health poll before the port is up) as an
@@ -40,7 +40,7 @@ def connection(address: str, ssh: SshConfig) -> fabric.Connection:
                                "banner_timeout": ssh.connect_timeout_s, "auth_timeout": ssh.connect_timeout_s}
     if key:
         connect["key_filename"] = [key]  # (fabric cannot merge a None key list with ssh_config's)
-    conn = fabric.Connection(address, **kwargs, connect_kwargs=connect)
+    conn = fabric.Connection(address, **kwargs, config=fabric_config(), connect_kwargs=connect)
     # fabric rounds connect_timeout down to whole seconds (0.5 becomes 0, i.e. none at all);
     # paramiko takes a float, so it goes straight there.
     conn.connect_timeout = None
@@ -49,12 +49,27 @@ def connection(address: str, ssh: SshConfig) -> fabric.Connection:
     return conn
 
 
+def fabric_config() -> fabric.Config:
+    """fabric's settings, reading the ssh_config files OpenSSH reads (``sshconfig``)."""
+    one = sshconfig.override()
+    return fabric.Config(runtime_ssh_path=one) if one else fabric.Config()
+
+
+def known_name(conn: fabric.Connection) -> str:
+    """How known_hosts names the host, as OpenSSH looks it up: ~/.ssh/config's HostKeyAlias
+    (lowercased, no port), else ``host`` or ``[host]:port`` of the address it dials."""
+    alias = conn.ssh_config.get("hostkeyalias")
+    return hostfile.lookup_name(conn.host, conn.port, str(alias) if alias else None)
+
+
 def harden(conn: fabric.Connection, ssh: SshConfig) -> None:
     """Never add an unknown host key: check it against the same known_hosts files as every hop."""
     files = trust.all_files(ssh)
-    conn.client.set_missing_host_key_policy(trust.KnownHostsPolicy(files))
-    conn.connect_kwargs["transport_factory"] = trust.transport_factory(
-        trust.preferred_key_types(trust.key_name(conn.host, conn.port), files))
+    name = known_name(conn)
+    bare = hostfile.lookup_name(conn.host, None)
+    policy = trust.KnownHostsPolicy(files, name, without_port=bare if name.startswith("[") else None)
+    conn.client.set_missing_host_key_policy(policy)
+    conn.connect_kwargs["transport_factory"] = trust.transport_factory(trust.preferred_key_types(name, files))
 
 
 class Remote:
@@ -64,7 +79,7 @@ class Remote:
         self.host = host
         ssh = host.ssh
         self.conn = connection(host.address, ssh)
-        self.known_name = trust.key_name(self.conn.host, self.conn.port)
+        self.known_name = known_name(self.conn)
         if ssh.proxy_jump is not None:
             hop = ssh.proxy_jump
             self.conn.gateway = connection(hop.address, SshConfig(
