@@ -150,6 +150,13 @@ CASES: dict[str, Case] = {
     "a HostKeyAlias hides the address's own line": Case(lambda s, o: s.known_line(),
                                                         ssh_config=f"Host {ADDRESS}\n  HostKeyAlias gpu-alias\n",
                                                         trusted=False, paramiko_says="gpu-alias is not in"),
+    # ssh_config cannot widen what status trusts: the command line's options come first
+    "ssh_config exempts localhost from host keys": Case(
+        lambda s, o: f"{s.known_name} {o['ed25519']}\n", ssh_config="Host *\n  NoHostAuthenticationForLocalhost yes\n",
+        trusted=False, paramiko_says="does NOT match"),
+    "ssh_config adds keys by a KnownHostsCommand": Case(
+        lambda s, o: "", ssh_config="Host *\n  KnownHostsCommand /bin/echo %H {known}\n", trusted=False,
+        paramiko_says="not in known_hosts"),
     "only a @cert-authority line (the host has no certificate)": Case(
         lambda s, o: f"@cert-authority [{ADDRESS}]:* {o['ed25519']}\n", trusted=False, paramiko_says="@cert-authority"),
 }
@@ -172,7 +179,7 @@ def test_status_and_deploy_trust_the_same_keys(what: str, servers: Servers, cont
     inventory = tmp_path / "inventory_known_hosts"
     inventory.write_text(case.inventory(server, other))
     (tmp_path / "home" / ".ssh" / "known_hosts").write_text(case.user(server, other))
-    (tmp_path / "ssh_config").write_text(case.ssh_config)
+    (tmp_path / "ssh_config").write_text(case.ssh_config.replace("{known}", f"{server.public_key}"))
     host = _host(servers, server, inventory)
 
     try:

@@ -57,7 +57,7 @@ def test_openssh_is_given_exactly_the_same_files(tmp_path: Path, home: Path) -> 
     user = opts[opts.index("-o", opts.index("CheckHostIP=no")) + 1]
     assert user == f'UserKnownHostsFile="{tmp_path / "my hosts"}" {home}/.ssh/known_hosts {home}/.ssh/known_hosts2'
     assert "StrictHostKeyChecking=yes" in opts
-    assert opts[-1] == "GlobalKnownHostsFile=" + " ".join(trust.SYSTEM_FILES)
+    assert "GlobalKnownHostsFile=" + " ".join(trust.SYSTEM_FILES) in opts
 
 
 def test_a_known_rsa_key_is_asked_for_under_the_names_paramiko_offers(tmp_path: Path) -> None:

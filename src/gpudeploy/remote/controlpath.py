@@ -42,12 +42,13 @@ def file_state(path: str) -> list[object]:
     return [path, st.st_ino, st.st_size, st.st_mtime_ns]
 
 
-def path_for(control_dir: Path, argv: Sequence[str], files: Sequence[str]) -> Path | None:
-    """The control socket for a connection made with ``argv`` (all but the remote command),
-    trusting ``files`` (known_hosts and ssh_config files); None if no name fits (no sharing)."""
+def name_for(argv: Sequence[str], files: Sequence[str]) -> str:
+    """The name of a connection made with ``argv`` (all but the remote command), trusting ``files``
+    (known_hosts and ssh_config files)."""
     material = json.dumps([socket.gethostname(), list(argv), [file_state(f) for f in files]])
-    name = hashlib.sha256(material.encode()).hexdigest()[:DIGEST_CHARS]
-    path = control_dir / name
-    if len(os.fsencode(path)) + MUX_TEMP_SUFFIX >= SUN_PATH_MAX:  # >=: the C string's NUL
-        return None
-    return path
+    return hashlib.sha256(material.encode()).hexdigest()[:DIGEST_CHARS]
+
+
+def fits(path: Path) -> bool:
+    """Can ssh bind a control socket at ``path``?"""
+    return len(os.fsencode(path)) + MUX_TEMP_SUFFIX < SUN_PATH_MAX  # <: the C string's NUL
