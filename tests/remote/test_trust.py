@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import paramiko
@@ -56,4 +57,18 @@ def test_openssh_is_given_exactly_the_same_files(tmp_path: Path, home: Path) -> 
     user = opts[opts.index("-o", opts.index("CheckHostIP=no")) + 1]
     assert user == f'UserKnownHostsFile="{tmp_path / "my hosts"}" {home}/.ssh/known_hosts {home}/.ssh/known_hosts2'
     assert "StrictHostKeyChecking=yes" in opts
-    assert opts[-1] == "GlobalKnownHostsFile=" + " ".join(trust.SYSTEM_FILES)
+    assert "GlobalKnownHostsFile=" + " ".join(trust.SYSTEM_FILES) in opts
+
+
+def test_a_known_rsa_key_is_asked_for_under_the_names_paramiko_offers(tmp_path: Path) -> None:
+    # known_hosts says ssh-rsa; paramiko (like OpenSSH) offers rsa-sha2-512/256 for it, never ssh-rsa,
+    # so asking for "ssh-rsa" first asked for nothing and an RSA-only host was refused as unknown.
+    rsa = paramiko.RSAKey.generate(2048)
+    kh = tmp_path / "kh"
+    _write(kh, "10.0.0.1", rsa)
+    preferred = trust.preferred_key_types("10.0.0.1", [str(kh)])
+    assert preferred == ["rsa-sha2-512", "rsa-sha2-256"]
+    a, b = socket.socketpair()
+    with a, b:
+        t = trust.transport_factory(preferred)(a)
+        assert t.get_security_options().key_types[:2] == ("rsa-sha2-512", "rsa-sha2-256")

@@ -2,9 +2,10 @@
 
     python fake_sshd.py ADDRESS PORT HOST_KEY AUTHORIZED_PUBKEY NAME
 
-Prints ``listening`` once bound. ``exec`` of ``true`` exits 0, ``hostname`` prints NAME, anything else
-exits 127. ``direct-tcpip`` (what ``ssh -W`` / ProxyJump asks of a bastion) connects from this
-process's network namespace and relays bytes both ways. Runs until killed.
+Prints ``listening`` once bound, then ``direct-tcpip ADDRESS PORT`` for each relay it opens.
+``exec`` of ``true`` exits 0, ``hostname`` prints NAME, anything else exits 127. ``direct-tcpip``
+(what ``ssh -W`` / ProxyJump asks of a bastion) connects from this process's network namespace and
+relays bytes both ways. Runs until killed.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ class Server(paramiko.ServerInterface):
         self.authorized = authorized
         self.name = name
         self.commands: dict[int, bytes] = {}
-        self.event = threading.Event()
+        self.arrived = threading.Condition()  # a channel's exec request came (one master, many sessions)
 
     def get_allowed_auths(self, username: str) -> str:
         return "publickey"
@@ -41,8 +42,9 @@ class Server(paramiko.ServerInterface):
         return paramiko.OPEN_SUCCEEDED
 
     def check_channel_exec_request(self, channel: paramiko.Channel, command: bytes) -> bool:
-        self.commands[channel.get_id()] = command
-        self.event.set()
+        with self.arrived:
+            self.commands[channel.get_id()] = command
+            self.arrived.notify_all()
         return True
 
 
@@ -73,6 +75,7 @@ def serve(conn: socket.socket, host_key: paramiko.PKey, authorized: paramiko.PKe
         command = server.commands.get(chan.get_id(), b"")
         if command.startswith(b"direct-tcpip "):
             _, addr, port = command.decode().split()
+            print(f"direct-tcpip {addr} {port}", flush=True)  # which way a jump went, for the tests
             try:
                 target = socket.create_connection((addr, int(port)), timeout=5)
             except OSError:
@@ -81,8 +84,10 @@ def serve(conn: socket.socket, host_key: paramiko.PKey, authorized: paramiko.PKe
             threading.Thread(target=pump, args=(chan, target), daemon=True).start()
             threading.Thread(target=pump, args=(target, chan), daemon=True).start()
             continue
-        server.event.wait(5)
-        command = server.commands.get(chan.get_id(), b"")
+        chanid = chan.get_id()
+        with server.arrived:
+            server.arrived.wait_for(lambda: chanid in server.commands, timeout=5)  # noqa: B023 (used here only)
+        command = server.commands.get(chanid, b"")
         if command == b"true":
             chan.send_exit_status(0)
         elif command == b"hostname":

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 
 from ..model import SshConfig
+from . import sshconfig
 
 USER_FILES = ("~/.ssh/known_hosts", "~/.ssh/known_hosts2")
 SYSTEM_FILES = ("/etc/ssh/ssh_known_hosts", "/etc/ssh/ssh_known_hosts2")
@@ -29,12 +30,21 @@ def key_name(hostname: str, port: int | None) -> str:
 
 
 def openssh_options(ssh: SshConfig) -> list[str]:
-    """The same trust for the OpenSSH client: these files only, unknown and changed keys refused."""
-    return ["-o", "StrictHostKeyChecking=yes", "-o", "CheckHostIP=no",
-            "-o", "UserKnownHostsFile=" + " ".join(_quote(f) for f in user_files(ssh)),
-            "-o", "GlobalKnownHostsFile=" + " ".join(_quote(f) for f in SYSTEM_FILES)]
+    """The same trust for the OpenSSH client: these files only, unknown and changed keys refused.
+
+    On the command line, so ssh_config cannot widen it (the first value wins): no keys from DNS
+    (VerifyHostKeyDNS) or from a KnownHostsCommand (OpenSSH >= 8.5; given only where ssh_config
+    uses one, so that older clients still run), localhost not exempt, nothing written back."""
+    opts = ["-o", "StrictHostKeyChecking=yes", "-o", "CheckHostIP=no",
+            "-o", "UserKnownHostsFile=" + " ".join(_quote(f).replace("%", "%%") for f in user_files(ssh)),
+            "-o", "GlobalKnownHostsFile=" + " ".join(_quote(f) for f in SYSTEM_FILES),
+            "-o", "VerifyHostKeyDNS=no", "-o", "NoHostAuthenticationForLocalhost=no", "-o", "UpdateHostKeys=no"]
+    if sshconfig.scan().uses("knownhostscommand"):
+        opts += ["-o", "KnownHostsCommand=none"]
+    return opts
 
 
 def _quote(path: str) -> str:
     # ssh_config values are split on whitespace; double quotes keep a path with spaces whole.
+    # (UserKnownHostsFile also expands %-tokens: the caller doubles a literal %.)
     return f'"{path}"' if any(c.isspace() for c in path) else path

@@ -3,8 +3,13 @@
 `invoke status` is run often and must be quick. A fresh paramiko connection per host costs about
 0.1-0.15 s plus paramiko's import; OpenSSH's ControlMaster/ControlPersist (what Ansible uses too)
 lets the second and later runs reuse one connection per host for a while, so a probe costs one
-round trip. Host keys are checked by the same rule and the same files as the paramiko transport
-(``remote.knownhosts``, the files of ``remote.trust``'s rule); ``~/.ssh/config`` is honoured by OpenSSH itself.
+round trip. A shared connection is never checked again, so it is shared only by commands that
+reach the host the same way with the same trust (``controlpath``: a digest of the options, the jump
+chain and the known_hosts and ssh_config files; not ``%C``). Host keys are checked by the same rule
+and the same files as the paramiko transport (``remote.knownhosts``, the files of
+``remote.trust``'s rule), on every hop: ssh gives its command-line options only to the host it
+dials, so each jump host (``jumps``) is dialled by an ssh of our own, nested as ProxyCommands.
+``~/.ssh/config`` is honoured by OpenSSH itself.
 """
 
 from __future__ import annotations
@@ -13,11 +18,13 @@ import os
 import shlex
 import shutil
 import subprocess
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import HostUnreachable, RemoteError
-from ..model import Host, SshConfig
-from . import knownhosts
+from ..model import Host, SshConfig, SshHop
+from . import controlpath, jumps, knownhosts, sshconfig
 from .base import Result, command_line
 
 PERSIST_S = 120
@@ -30,34 +37,80 @@ def available() -> bool:
 
 def _hop_options(ssh: SshConfig) -> list[str]:
     """How to reach one hop: login, port, key, timeout and the one trust rule."""
-    opts = ["-o", "BatchMode=yes", *knownhosts.openssh_options(ssh),
+    opts = [*sshconfig.openssh_args(), "-o", "BatchMode=yes", *knownhosts.openssh_options(ssh),
             "-o", f"ConnectTimeout={max(1, round(ssh.connect_timeout_s))}"]
     if ssh.port is not None:
         opts += ["-p", str(ssh.port)]
     if ssh.user is not None:
         opts += ["-l", ssh.user]
     if ssh.key:
-        opts += ["-i", ssh.key, "-o", "IdentitiesOnly=yes"]
+        opts += ["-i", ssh.key.replace("%", "%%"), "-o", "IdentitiesOnly=yes"]  # -i expands %-tokens
     return opts
 
 
+# -W's target in a ProxyCommand, which the ssh that runs the command expands to the host it dials
+# (quoted for the shell, as ssh.c writes it for ProxyJump: [...] is a glob pattern).
+FORWARD = "'[%h]:%p'"
+
+
+def _through(hop: SshHop, via: str | None) -> str:
+    """The ProxyCommand that reaches the next host through ``hop``, ``hop`` itself reached by the
+    ProxyCommand ``via`` (None: dialled directly). ssh expands %-tokens in a ProxyCommand before its
+    shell runs it, so every literal % of it is doubled: one level of nesting per hop."""
+    words = ["ssh", *_hop_options(SshConfig(user=hop.user, port=hop.port, key=hop.key, known_hosts=hop.known_hosts,
+                                            connect_timeout_s=hop.connect_timeout_s)),
+             # not the user's own shared connections: a master skips the host-key check
+             "-o", "ControlMaster=no", "-o", "ControlPath=none",
+             # on the command line, so ssh_config's ProxyJump for this hop is not dialled behind our back
+             "-o", "ProxyCommand=" + (via if via is not None else "none")]
+    return " ".join([*(shlex.quote(w.replace("%", "%%")) for w in words), "-W", FORWARD, "--",
+                     shlex.quote(hop.address.replace("%", "%%"))])
+
+
+@dataclass(frozen=True)
+class Command:
+    argv: list[str]
+    hops_log: Path | None  # where the jump hosts' ssh write their errors (ControlPersist hides them)
+
+
 def ssh_argv(host: Host, command: list[str]) -> list[str]:
+    """The ssh command line that runs ``command`` on ``host``: every hop on the way dialled with the
+    same trust options (``jumps``), and a master shared only with the same way in (``controlpath``).
+    Raises HostUnreachable where the way cannot be dialled so (an ssh ProxyCommand, a loop)."""
+    return ssh_command(host, command).argv
+
+
+def ssh_command(host: Host, command: list[str]) -> Command:
+    opts = [*_hop_options(host.ssh), "-o", "ServerAliveInterval=2", "-o", "ServerAliveCountMax=3"]
+    try:
+        way = jumps.route(host, jumps.lookup())
+    except jumps.JumpError as exc:
+        raise HostUnreachable(host.name, str(exc)) from None
+    via = way.relay
+    for hop in way.hops:
+        via = _through(hop, via)
+    files = knownhosts.all_files(host.ssh)
+    for hop in way.hops:
+        files += [f for f in knownhosts.all_files(SshConfig(known_hosts=hop.known_hosts)) if f not in files]
+    proxy = ["-o", f"ProxyCommand={via}"] if way.hops else []
+    name = controlpath.name_for([*opts, *proxy, "--", host.address], [*files, *sshconfig.scan().files])
     CONTROL_DIR.mkdir(parents=True, exist_ok=True)
     CONTROL_DIR.chmod(0o700)  # the control sockets grant shell access to the hosts
-    opts = [*_hop_options(host.ssh),
-            "-o", "ControlMaster=auto", "-o", f"ControlPersist={PERSIST_S}",
-            "-o", f"ControlPath={CONTROL_DIR}/%C",
-            "-o", "ServerAliveInterval=2", "-o", "ServerAliveCountMax=3"]
-    hop = host.ssh.proxy_jump
-    if hop is not None:
-        # Not -J: options given on the command line would not apply to the jump host (ssh(1)),
-        # so its key would be checked against other files. A ProxyCommand ssh gets the same rule.
-        jump = SshConfig(user=hop.user, port=hop.port, key=hop.key, known_hosts=hop.known_hosts,
-                         connect_timeout_s=hop.connect_timeout_s)
-        inner = ["ssh", *_hop_options(jump), "-W", "%h:%p", "--", hop.address]
-        opts += ["-o", "ProxyCommand=" + " ".join(shlex.quote(a) for a in inner)]
+    hops_log = None
+    if way.hops:
+        # ssh sends a ProxyCommand's stderr to /dev/null under ControlPersist, so a jump host's
+        # refused key would read "Connection closed": its errors go to a file we can quote.
+        hops_log = CONTROL_DIR / f"{name}.hops"
+        opts += ["-o", f"ProxyCommand={via} 2>" + shlex.quote(str(hops_log).replace("%", "%%"))]
+    path = CONTROL_DIR / name
+    if controlpath.fits(path):
+        # ssh expands %-tokens in ControlPath: a literal % in the folder's name is written %%.
+        opts += ["-o", "ControlMaster=auto", "-o", f"ControlPersist={PERSIST_S}",
+                 "-o", "ControlPath=" + str(path).replace("%", "%%")]
+    else:
+        opts += ["-o", "ControlMaster=no", "-o", "ControlPath=none"]
     # ssh joins its arguments into one remote shell command line: quote every word.
-    return ["ssh", *opts, "--", host.address, command_line(command)]
+    return Command(["ssh", *opts, "--", host.address, command_line(command)], hops_log)
 
 
 class OpenSsh:
@@ -70,16 +123,33 @@ class OpenSsh:
     def run(self, argv: list[str], *, stdin: bytes | None = None, timeout: float = 30.0,
             check: bool = True) -> Result:
         host = self.host
+        cmd = ssh_command(host, argv)
+        started = time.time()
         try:
-            res = subprocess.run(ssh_argv(host, argv), capture_output=True, timeout=timeout,
+            res = subprocess.run(cmd.argv, capture_output=True, timeout=timeout,
                                  input=stdin if stdin is not None else b"")
         except subprocess.TimeoutExpired:
             raise HostUnreachable(host.name, f"ssh to {host.address} did not answer within {timeout:g} s") from None
         stderr = res.stderr.decode(errors="replace")
         if res.returncode == 255:
-            raise HostUnreachable(host.name, f"ssh to {host.address} failed: {stderr.strip()[-300:]}")
+            on_the_way = _tail(cmd.hops_log, started)
+            raise HostUnreachable(host.name, f"ssh to {host.address} failed: {stderr.strip()[-300:]}"
+                                  + (f" (on the way, through its jump hosts: {on_the_way})" if on_the_way else ""))
         result = Result(res.returncode, res.stdout.decode(errors="replace"), stderr)
         if check and res.returncode != 0:
             raise RemoteError(host.name, f"`{command_line(argv)[:200]}` failed (exit {res.returncode}): "
                               f"{stderr.strip()[-300:]}")
         return result
+
+
+def _tail(path: Path | None, since: float) -> str:
+    """The last lines a jump host's ssh wrote in this run (not an older one's), as one line."""
+    if path is None:
+        return ""
+    try:
+        if path.stat().st_mtime < since - 1:
+            return ""
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return " ".join(line.strip() for line in text.strip().splitlines()[-4:])[-400:]

@@ -3,13 +3,18 @@ host, host keys checked, errors made plain.
 
 Fabric accepts unknown host keys by default (AutoAddPolicy); gpudeploy never does: the key must be
 one of the host's known keys (``remote.trust``: the inventory's known_hosts, then the user's and
-the system's files). ``~/.ssh/config`` is honoured as fabric reads it (Hostname, User, Port,
-IdentityFile, ProxyJump); what the inventory sets explicitly wins.
+the system's files), and so must every jump host's (``jumps``: gpudeploy dials each hop itself).
+``~/.ssh/config`` is honoured as fabric reads it (Hostname, User, Port, IdentityFile), its
+ProxyJump and HostKeyAlias as OpenSSH reads them; what the inventory sets explicitly wins.
 """
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import logging
+import re
+import shutil
 import time
 from typing import Any
 
@@ -19,7 +24,7 @@ from paramiko.common import OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED
 
 from ..errors import HostUnreachable, RemoteError
 from ..model import Host, SshConfig
-from . import trust
+from . import hostfile, jumps, sshconfig, trust
 from .base import ForwardingRefused, Result, command_line
 
 # paramiko logs each refused direct-tcpip channel (a health poll before the port is up) as an
@@ -30,7 +35,10 @@ READ_SLICE_S = 0.05  # how long one read waits for stdout before it looks at std
 
 
 def connection(address: str, ssh: SshConfig) -> fabric.Connection:
-    """A fabric connection to ``address`` with gpudeploy's trust and timeouts (not opened yet)."""
+    """A fabric connection to ``address`` with gpudeploy's trust and timeouts (not opened yet),
+    dialled directly until the caller sets its ``gateway``: fabric's own (gateway=None) resolves
+    ssh_config's ProxyJump itself, dialling those hops with AutoAddPolicy and a chain ``a,b`` in
+    reverse order (b first; fabric/fabric#2203)."""
     key = ssh.key
     kwargs: dict[str, Any] = {}
     if ssh.user is not None:
@@ -41,42 +49,91 @@ def connection(address: str, ssh: SshConfig) -> fabric.Connection:
                                "banner_timeout": ssh.connect_timeout_s, "auth_timeout": ssh.connect_timeout_s}
     if key:
         connect["key_filename"] = [key]  # (fabric cannot merge a None key list with ssh_config's)
-    conn = fabric.Connection(address, **kwargs, connect_kwargs=connect)
+    conn = fabric.Connection(address, **kwargs, config=fabric_config(), gateway=False, connect_kwargs=connect)
     # fabric rounds connect_timeout down to whole seconds (0.5 becomes 0, i.e. none at all);
     # paramiko takes a float, so it goes straight there.
     conn.connect_timeout = None
     conn.connect_kwargs["timeout"] = ssh.connect_timeout_s
-    harden(conn, ssh)
+    harden(conn, ssh, address)
     return conn
 
 
-def harden(conn: fabric.Connection, ssh: SshConfig) -> None:
+def fabric_config() -> fabric.Config:
+    """fabric's settings, reading the ssh_config files OpenSSH reads (``sshconfig``)."""
+    one = sshconfig.override()
+    return fabric.Config(runtime_ssh_path=one) if one else fabric.Config()
+
+
+def known_name(conn: fabric.Connection, address: str, ssh: SshConfig) -> str:
+    """How known_hosts names the host, as OpenSSH looks it up: ssh_config's HostKeyAlias
+    (lowercased, no port), else ``host`` or ``[host]:port`` of the address it dials. The alias is
+    OpenSSH's (``ssh -G``) where ssh_config uses one, so Include and Match count as for status."""
+    alias = conn.ssh_config.get("hostkeyalias")
+    if sshconfig.scan().uses("hostkeyalias") and shutil.which("ssh"):
+        # where ssh -G fails, as fabric read it: the connection itself will say what is wrong
+        with contextlib.suppress(sshconfig.SshConfigError):
+            alias = sshconfig.effective(address, ssh.user, ssh.port).get("hostkeyalias")
+    return hostfile.lookup_name(conn.host, conn.port, str(alias) if alias else None)
+
+
+def harden(conn: fabric.Connection, ssh: SshConfig, address: str) -> None:
     """Never add an unknown host key: check it against the same known_hosts files as every hop."""
     files = trust.all_files(ssh)
-    conn.client.set_missing_host_key_policy(trust.KnownHostsPolicy(files))
-    conn.connect_kwargs["transport_factory"] = trust.transport_factory(
-        trust.preferred_key_types(trust.key_name(conn.host, conn.port), files))
+    name = known_name(conn, address, ssh)
+    bare = hostfile.lookup_name(conn.host, None)
+    policy = trust.KnownHostsPolicy(files, name, without_port=bare if name.startswith("[") else None)
+    conn.client.set_missing_host_key_policy(policy)
+    conn.connect_kwargs["transport_factory"] = trust.transport_factory(trust.preferred_key_types(name, files))
+
+
+def proxy_lookup() -> jumps.Lookup | None:
+    """ssh_config's proxies as OpenSSH reads them (``ssh -G``, the same answer as for status);
+    where there is no ssh client, as fabric (paramiko) parses the files."""
+    lookup = jumps.lookup()
+    if lookup is None or shutil.which("ssh"):
+        return lookup
+    parsed = fabric_config().base_ssh_config
+
+    def from_paramiko(name: str, user: str | None, port: int | None) -> jumps.Proxy:
+        found = parsed.lookup(name)
+        return jumps.Proxy(found.get("proxyjump"), found.get("proxycommand"))
+
+    return from_paramiko
+
+
+def relay_command(command: str, conn: fabric.Connection) -> str:
+    """An ssh_config ProxyCommand for fabric, its %-tokens expanded as ssh expands them for the
+    host it dials (fabric expands %p as 22 whatever the port, and knows no %%)."""
+    values = {"h": conn.host, "p": str(conn.port), "r": conn.user, "n": conn.original_host, "%": "%"}
+    return re.sub(r"%(.)", lambda m: values.get(m.group(1), m.group(0)), command)
 
 
 class Remote:
-    """A connected host. Commands are argv lists, quoted here; nothing is concatenated elsewhere."""
+    """A connected host. Commands are argv lists, quoted here; nothing is concatenated elsewhere.
+
+    Every hop on the way (the inventory's proxy_jump and ssh_config's ProxyJump chain, ``jumps``)
+    is a fabric connection of our own, its host key checked by the one rule."""
 
     def __init__(self, host: Host) -> None:
         self.host = host
         ssh = host.ssh
+        self.refused: str | None = None  # the way in cannot be dialled with every hop checked: why
+        try:
+            way = jumps.route(host, proxy_lookup())
+        except jumps.JumpError as exc:
+            self.refused, way = str(exc), jumps.Route()
+        chain = [connection(hop.address, SshConfig(user=hop.user, port=hop.port, key=hop.key,
+                                                   known_hosts=hop.known_hosts,
+                                                   connect_timeout_s=hop.connect_timeout_s))
+                 for hop in way.hops]
         self.conn = connection(host.address, ssh)
-        self.known_name = trust.key_name(self.conn.host, self.conn.port)
-        if ssh.proxy_jump is not None:
-            hop = ssh.proxy_jump
-            self.conn.gateway = connection(hop.address, SshConfig(
-                user=hop.user, port=hop.port, key=hop.key, known_hosts=hop.known_hosts,
-                connect_timeout_s=hop.connect_timeout_s))
-        else:
-            # A ProxyJump from ~/.ssh/config: fabric made those hops with AutoAddPolicy; check them too.
-            gateway = self.conn.gateway
-            while isinstance(gateway, fabric.Connection):
-                harden(gateway, ssh)
-                gateway = gateway.gateway
+        chain.append(self.conn)
+        self.chain = chain
+        for before, conn in itertools.pairwise(chain):
+            conn.gateway = before
+        if way.relay is not None:
+            chain[0].gateway = relay_command(way.relay, chain[0])
+        self.known_name = known_name(self.conn, host.address, ssh)
 
     def __enter__(self) -> Remote:
         self.open()
@@ -91,10 +148,17 @@ class Remote:
 
     def open(self) -> None:
         where = self.where
+        if self.refused is not None:
+            raise HostUnreachable(self.host.name, self.refused)
         try:
-            self.conn.open()
-            # Keepalives make a half-open connection fail instead of hanging a read forever.
-            self.conn.transport.set_keepalive(2)
+            try:
+                self.conn.open()  # (fabric opens the hops on the way first)
+                # Keepalives make a half-open connection fail instead of hanging a read forever.
+                for conn in self.chain:
+                    conn.transport.set_keepalive(2)
+            except BaseException:
+                self.close()  # the hops that did open
+                raise
         except trust.UntrustedHostKey as exc:
             raise HostUnreachable(self.host.name, str(exc)) from None
         except paramiko.AuthenticationException as exc:
@@ -107,7 +171,9 @@ class Remote:
             raise HostUnreachable(self.host.name, f"cannot reach {where}: {exc.strerror or exc}") from None
 
     def close(self) -> None:
-        self.conn.close()
+        """The host's connection, then each hop's back to the first (fabric closes no gateway)."""
+        for conn in reversed(self.chain):
+            conn.close()
 
     def _session(self) -> paramiko.Channel:
         transport = self.conn.transport
