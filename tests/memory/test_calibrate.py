@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from gpudeploy.memory.modelfacts import model_facts_from_mapping
+from gpudeploy.memory.recommend import EngineSettings, budget, recommendation_flags
 from gpudeploy.plan.calibrate import CalibrationStore, Measured, calibration_key, parse_memory_log
-from gpudeploy.plan.memory import EngineSettings, budget, recommendation_flags
-from gpudeploy.plan.modelfacts import model_facts_from_mapping
 
 LOGS = Path(__file__).parent / "logs"
 FIELD_MODEL = {"kind": "mla", "weights_bytes": 146000000000, "layers": 61, "kv_lora_rank": 512,

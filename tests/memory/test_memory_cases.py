@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 import yaml
 
-from gpudeploy.plan.calibrate import Measured
-from gpudeploy.plan.graphmem import Capture, capture_memory, error_band
-from gpudeploy.plan.memory import (
+from gpudeploy.memory.graphs import Capture, capture_memory, error_band
+from gpudeploy.memory.modelfacts import ModelFacts, model_facts_from_dir, model_facts_from_mapping
+from gpudeploy.memory.recommend import (
     SEVERITIES,
     VERDICTS,
     EngineSettings,
@@ -19,8 +19,8 @@ from gpudeploy.plan.memory import (
     default_mem_fraction,
     suggest,
 )
-from gpudeploy.plan.modelfacts import ModelFacts, model_facts_from_dir, model_facts_from_mapping
-from gpudeploy.plan.sglang_release import RELEASES, release_rules
+from gpudeploy.memory.releases import RELEASES, release_rules
+from gpudeploy.plan.calibrate import Measured
 
 HERE = Path(__file__).parent
 TABLE = yaml.safe_load((HERE / "cases.yaml").read_text())

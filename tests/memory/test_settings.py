@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpudeploy.errors import InputError
-from gpudeploy.plan.memory import EngineSettings, capture_batch_sizes, mamba_slots_per_request
+from gpudeploy.memory.recommend import EngineSettings, capture_batch_sizes, mamba_slots_per_request
 
 
 def test_canonical_and_release_names() -> None:

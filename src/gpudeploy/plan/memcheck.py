@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError, Problem
+from ..memory import EngineSettings, budget, recommendation_flags, suggest
+from ..memory.modelfacts import ModelFacts, model_facts_from_dir, model_facts_from_mapping
 from ..model import Host, Plan, Role
 from .calibrate import CalibrationStore
 from .flags import flag_for
-from .memory import EngineSettings, budget, recommendation_flags, suggest
-from .modelfacts import ModelFacts, model_facts_from_dir, model_facts_from_mapping
 
 # The inventory gives a GPU's memory as NVML reports it; CUDA programs see about 0.6 GiB less
 # (H200: NVML 140.4 GiB, torch "total capacity of 139.80 GiB"; a 96 GB card: 95.6 vs 95.0).

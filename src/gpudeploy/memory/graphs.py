@@ -41,7 +41,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .modelfacts import GIB, ModelFacts
-from .sglang_release import Release
+from .releases import Release
 
 FIRST_USE_GIB = 0.138
 EXEC_BYTES_DENSE_LAYER = 77 * 1024

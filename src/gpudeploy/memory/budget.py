@@ -32,8 +32,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from .engine_settings import KV_DTYPE_BYTES, EngineSettings
-from .graphmem import (
+from .graphs import (
     POOL_FACTOR,
     Capture,
     GraphMemory,
@@ -42,7 +41,8 @@ from .graphmem import (
     layer_live_bytes,
 )
 from .modelfacts import GIB, ModelFacts
-from .sglang_release import R0523, Release
+from .releases import R0523, Release
+from .settings import KV_DTYPE_BYTES, EngineSettings
 
 VERDICTS = ("fits", "oom-in-graph-capture", "kv-pool-empty", "weights-do-not-fit",
             "mamba-state-does-not-fit")

@@ -20,9 +20,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from gpudeploy.errors import InputError, Problem
-from gpudeploy.plan.calibrate import Measured
-from gpudeploy.plan.engine_settings import EngineSettings
-from gpudeploy.plan.memmodel import (
+
+from .budget import (
     CERTAIN,
     SEVERITIES,
     SPEC_STEP_CAPS,
@@ -36,8 +35,10 @@ from gpudeploy.plan.memmodel import (
     preload_free_gib,
     resolved_defaults,
 )
-from gpudeploy.plan.modelfacts import ModelFacts
-from gpudeploy.plan.sglang_release import Release, release_rules
+from .logparse import Measured
+from .modelfacts import ModelFacts
+from .releases import Release, release_rules
+from .settings import EngineSettings
 
 __all__ = ["CERTAIN", "SEVERITIES", "VERDICTS", "Budget", "EngineSettings", "Suggestion", "budget",
            "capture_batch_sizes", "default_mem_fraction", "mamba_slots_per_request", "preload_free_gib",
