@@ -90,14 +90,15 @@ def test_plan_shows_the_warning_with_margin_and_band(tmp_path: Path) -> None:
     res = invoke("plan", "--inventory", str(make(tmp_path, {"mem_fraction_static": 0.92})))
     assert res.returncode == 0, res.stderr
     assert "verdict OOM-IN-GRAPH-CAPTURE   WARNING: inside the estimate's error, deploy goes ahead" in res.stdout
-    assert "margin -0.88 GiB, error band +-1.35 GiB (SGLang 0.5.23 rules)" in res.stdout
+    assert "margin -1.09 GiB, error band +-1.51 GiB (SGLang 0.5.23 rules)" in res.stdout
     assert "recommended: --mem-fraction-static 0.89" in res.stdout
 
 
 def test_plan_suggest_prints_settings_that_fit(tmp_path: Path) -> None:
     res = invoke("plan", "--inventory", str(make(tmp_path, {"mem_fraction_static": 0.95, **MTP})), "--suggest")
     assert res.returncode == 0, res.stderr
-    assert "verdict OOM-IN-GRAPH-CAPTURE" in res.stdout
+    # short by less than what speculative decoding's unmeasured graphs could take: uncertain, not certain
+    assert "verdict UNCERTAIN" in res.stdout and "speculative graphs" in res.stdout
     assert "fits: --mem-fraction-static" in res.stdout and "KV tokens" in res.stdout
 
 
