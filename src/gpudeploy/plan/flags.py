@@ -32,8 +32,35 @@ RESERVED = {
 PROGRAM = {"sglang": "sglang", "sglang_router": "sglang_router"}
 
 
-def engine_version(host: Host, role: Role, problems: list[Problem]) -> str | None:
-    """The release of the role's engine on this host, if it is one we have the real --help of."""
+def nearest_captured(program: str, version: str) -> str | None:
+    """The captured (or learned) release nearest below ``version`` (the oldest when it is older than all)."""
+    known = supported_versions(program)
+    if not known:
+        return None
+    key = _order_key(version)
+    below = [v for v in known if _order_key(v) <= key]
+    return below[-1] if below else known[0]
+
+
+def _order_key(version: str) -> tuple[int, ...]:
+    parts = []
+    for p in version.split("."):
+        digits = "".join(ch for ch in p if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
+
+
+def flags_release(program: str, version: str) -> str:
+    """The release whose --help spells the flags for ``version``: itself when gpudeploy has it, else
+    the nearest captured one (an offline plan; deploy then reads the host's own --help)."""
+    if version in supported_versions(program):
+        return version
+    return nearest_captured(program, version) or version
+
+
+def engine_version(host: Host, role: Role, problems: list[Problem], *, offline: bool = False) -> str | None:
+    """The release of the role's engine on this host, if it is one we have the real --help of
+    (``offline``: any release; :func:`flags_release` then picks the nearest captured spelling)."""
     program = PROGRAM.get(role.engine)
     if program is None:
         return None
@@ -46,6 +73,8 @@ def engine_version(host: Host, role: Role, problems: list[Problem]) -> str | Non
             line=host.where.line if host.where else None, host=host.name, role=role.name,
             key="engine_versions"))
         return None
+    if version not in known and offline and known:
+        return version
     if version not in known:
         problems.append(FlagsNotKnown(
             f"{program} {version} is a release gpudeploy has not captured (it has the real --help of "
