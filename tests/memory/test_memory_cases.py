@@ -203,3 +203,19 @@ def test_budget_to_json_has_keys() -> None:
     assert j["margin_gib"] > j["error_band_gib"] > 0
     assert set(j["cuda_graphs"]["cuda_graphs"]) >= {"first_use", "input_buffers", "attn_metadata", "pool"}
     assert j["fraction_is_default"] is True
+
+
+def test_the_hybrid_extra_buffer_case_is_fixed_without_extra_buffer() -> None:
+    """The field's hybrid + MTP at 512 requests with extra_buffer: SGLang's "increase
+    --mem-fraction-static" never helped (0.80 -> 0.90 -> 0.95); dropping extra_buffer did. The reason
+    names the mamba state, and the recommendation drops extra_buffer, keeps MTP and passes the check."""
+    case = _case("field-hybrid-512-extra-buffer")
+    b = _budget(case)
+    assert b.verdict == "kv-pool-empty" and "mamba state" in b.reason and "no_buffer" in b.reason
+    assert b.recommended["mamba_scheduler_strategy"] == "no_buffer"
+    assert b.recommended.get("speculative_algorithm", "kept") is not None
+    again = _budget(case, {**case["settings"], **b.recommended})
+    assert (again.verdict, again.severity) == ("fits", "ok"), again.reason
+    for hundredths in (80, 90, 95):     # what the operator tried
+        tried = _budget(case, {**case["settings"], "mem_fraction_static": hundredths / 100})
+        assert tried.severity == "refuse"

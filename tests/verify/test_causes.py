@@ -68,13 +68,16 @@ def test_nccl_warnings_are_not_fatal_but_nccl_errors_are() -> None:
 FIELD_OOM = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 7.50 GiB. GPU 1 has a total capacity "
              "of 94.97 GiB of which 2.30 GiB is free.")
 LOADED = ["[t TP0] Load weight begin. avail mem=93.52 GB",
-          "[t TP0] Load weight end. elapsed=40.02 s, type=DeepseekV3ForCausalLM, avail mem=58.95 GB, mem usage=34.57 GB."]
-POOL = [*LOADED, "[t TP0] KV Cache is allocated. #tokens: 480652, KV size: 31.46 GB", "[t TP0] Memory pool end. avail mem=26.80 GB"]
+          "[t TP0] Load weight end. elapsed=40.02 s, type=DeepseekV3ForCausalLM, avail mem=58.95 GB, "
+          "mem usage=34.57 GB."]
+POOL = [*LOADED, "[t TP0] KV Cache is allocated. #tokens: 480652, KV size: 31.46 GB",
+        "[t TP0] Memory pool end. avail mem=26.80 GB"]
 OOM_CASES = [
     ("0.5.9 capture, no wrapper", [*POOL, "[t TP0] Capture cuda graph begin. This can take up to several minutes. "
                                    "avail mem=26.50 GB", FIELD_OOM], "oom-in-graph-capture", "graph-capture:decode"),
     ("0.5.23 target verify", [*POOL, "[t TP0] Capture target verify CUDA graph begin. backend=full, "
-                              "num_tokens_per_req=2, avail mem=26.50 GB", f"[t TP1] Scheduler hit an exception: {FIELD_OOM}"],
+                              "num_tokens_per_req=2, avail mem=26.50 GB",
+                              f"[t TP1] Scheduler hit an exception: {FIELD_OOM}"],
      "oom-in-graph-capture", "graph-capture:verify"),
     ("0.5.23 target decode", [*POOL, "[t TP0] Capture target decode CUDA graph begin. backend=full, "
                               "num_tokens_per_req=1, avail mem=26.50 GB", FIELD_OOM], "oom-in-graph-capture",

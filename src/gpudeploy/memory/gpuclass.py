@@ -12,13 +12,15 @@ when TP > 1. Measured, each in its own log (GiB; torch totals: H200 139.80, RTX 
   RTX 4090 under WSL2 / docker, allenai/olmocr#105 and sgl-project/sglang#4895: "avail mem=22.46 GB" -> 1.18
   a desktop card also driving a display: "Windows (the OS) was taking around 1GB" (sgl-project/sglang#4840)
   RTX PRO 6000 under WSL2 (sgl-project/sglang#24364): ~16 GiB of hidden driver memory, where native
-      Linux takes 1-2 GiB on the same card: far outside any band; only NVML's reading at deploy sees it
+      Linux takes 1-2 GiB on the same card, and the free memory CUDA reports does not show it: no reading
+      before the start does; the first failed allocation teaches the next plan (:mod:`.learn`)
 
 So datacenter cards (HBM, NVSwitch) are known to +-0.1 GiB and take NCCL's NVLink-SHARP buffers
 (0.25 GiB per rank up to 8); PCIe and desktop cards lose 0.5-1.2 GiB to the context and take less for
 NCCL (no NVLS; not measured: assumed 0.1 GiB per rank). A capacity that several kinds share (96 GB:
 the H20 is HBM/NVSwitch, the RTX PRO 6000 is PCIe) gets the range of both. At deploy time NVML names
-the GPU and says what is free, and that replaces all of this (:func:`preload_from_nvml`).
+the GPU and says what is free (another process's memory, a display's), and that replaces all of this
+(:func:`preload_from_nvml`).
 """
 
 from __future__ import annotations

@@ -85,14 +85,18 @@ def calibration(cap: float, model: ModelFacts, s: EngineSettings, measured: Meas
         for fam in families:
             if got and br.get(fam, 0.0) > 0:
                 scales[fam] = got / br[fam]
-    if scales and measured.failure != "oom-in-graph-capture":
-        return replace(cal, graph_scales=tuple(sorted(scales.items())), graph_measured=True)
     failure = measured.failure
+    if scales and failure != "oom-in-graph-capture":
+        cal = replace(cal, graph_scales=tuple(sorted(scales.items())), graph_measured=True)
+        if failure not in ("oom-at-warmup", "oom-while-serving", "memory-pool-does-not-fit"):
+            return cal
+        predicted = evaluate(cap, model, s, cal, rel, gpu)
     short = measured.shortfall_gib
     tried = f"it asked for {measured.oom_tried_gib:.2f} GiB with {measured.oom_free_gib or 0:.2f} GiB free" \
         if measured.oom_tried_gib is not None else "no allocation figures in its log"
     where = phase_words(measured.oom_phase or ("graph-capture" if failure == "oom-in-graph-capture" else None))
-    graphs = sum(br.get(f, 0.0) for f in GRAPH_FAMILIES)
+    graphs = sum(predicted.headroom_breakdown.get(f, 0.0) for f in GRAPH_FAMILIES)
+    br = predicted.headroom_breakdown
     available = predicted.headroom_available_gib
     if failure == "oom-in-graph-capture" and graphs > 0:
         # whatever the figures, dying in capture proves the need exceeded that headroom

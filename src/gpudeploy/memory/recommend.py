@@ -38,6 +38,8 @@ from .settings import EngineSettings
 __all__ = ["CERTAIN", "SEVERITIES", "VERDICTS", "Budget", "EngineSettings", "Suggestion", "budget",
            "capture_batch_sizes", "default_mem_fraction", "recommendation_flags", "resolved_defaults", "suggest"]
 
+MEMORY_FAILURES = ("oom-in-graph-capture", "kv-pool-empty", "weights-do-not-fit", "mamba-state-does-not-fit",
+                   "memory-pool-does-not-fit", "oom-at-warmup", "oom-while-serving")
 MIN_USEFUL_GRAPH_BS = 16          # below this, turning speculative decoding off is preferred
 MIN_KV_TOKENS = 4096              # a recommendation must leave at least this many KV tokens
 RUNNING_STEPS = (1024, 512, 384, 256, 192, 128, 96, 64, 48, 32, 24, 16, 8)
@@ -129,10 +131,12 @@ def _bases(ctx: _Ctx, s: EngineSettings) -> Iterator[EngineSettings]:
 
 
 def _caps(ctx: _Ctx, base: EngineSettings) -> list[int | None]:
+    """The graph caps worth trying: each below what is captured now (the request pool caps it too)."""
     if base.disable_cuda_graph:
         return [base.cuda_graph_max_bs]
     _, bs_default = resolved_defaults(ctx.cap, base, ctx.rel)
-    return [base.cuda_graph_max_bs] + [c for c in SPEC_STEP_CAPS if c < bs_default]
+    captured = min(bs_default, wanted_running(base) or bs_default)
+    return [base.cuda_graph_max_bs] + [c for c in SPEC_STEP_CAPS if c < captured]
 
 
 def _search(ctx: _Ctx, s: EngineSettings, *, every_cap: bool = False) -> list[tuple[EngineSettings, Budget]]:
@@ -265,6 +269,15 @@ def budget(gpu_capacity_gib: float, model: ModelFacts, settings: EngineSettings,
                 cmp["shortfall_gib"] = round(measured.shortfall_gib, 3)
         cmp["graph_scale"] = {k: round(v, 3) for k, v in ctx.cal.graph_scales}
         b = replace(b, measured=cmp)
+        same = measured_settings is None or measured_settings == settings
+        if same and measured.failure in MEMORY_FAILURES and b.severity != "refuse":
+            # these very settings died for memory: that is no estimate any more
+            verdict = measured.failure if measured.failure in VERDICTS else b.verdict
+            if verdict == "fits":
+                verdict = "oom-in-graph-capture"
+            lesson = ctx.cal.lesson or measured.failure
+            b = replace(b, verdict=verdict, severity="refuse",
+                        reason=f"these settings failed in the last run: {lesson}; {b.reason}")
     if b.verdict == "fits" and b.severity == "ok":
         return b
     rec, more, msg = _recommend(ctx, settings, b.verdict)
