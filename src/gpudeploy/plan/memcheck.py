@@ -184,3 +184,35 @@ def memory_verdicts(plan: Plan) -> tuple[list[Problem], list[str]]:
                             f"plan learns from its log. Safer: {rec}{more}")
         warnings.extend(f"{where}: memory preflight: {note}" for note in mem.get("notes") or [])
     return problems, warnings
+
+
+def free_memory_problems(host: Host, units: list[Any], devices: list[dict[str, Any]],
+                         processes: list[dict[str, Any]], own_pids: set[int],
+                         store: CalibrationStore | None = None) -> list[str]:
+    """Deploy's second look, with NVML's reading of the host: the memory preflight again with what is
+    free on each unit's GPUs right now (less what this deployment's own earlier runs hold, which a
+    restart gives back) and the GPU's own kind from its name. Returns what now refuses where the plan
+    did not (a display or driver holding memory NVML lists under no process, say); --force skips it."""
+    real = {d["index"]: d for d in devices if "index" in d}
+    out: list[str] = []
+    for u in units:
+        mem = u.memory or {}
+        if u.role.engine != "sglang" or mem.get("verdict") in (None, "unknown") or mem.get("severity") == "refuse":
+            continue
+        seen = [real[g] for g in u.gpus if g in real and real[g].get("free") is not None]
+        if len(seen) != len(u.gpus):
+            continue
+
+        def free_of(d: dict[str, Any]) -> float:
+            mine = sum(p.get("used", 0) for p in processes if p.get("gpu") == d["index"] and p.get("pid") in own_pids)
+            return float(d["free"] + mine) / 2**30
+
+        tightest = min(seen, key=free_of)
+        free = free_of(tightest)
+        again = unit_memory(host, u.role, u.gpus, u.engine_version, store, [], flags_release=u.flags_release or None,
+                            gpu_name=str(tightest.get("name") or "") or None, free_gib=free)
+        if again and again.get("severity") == "refuse":
+            out.append(f"GPU {tightest['index']} (for role {u.role.name}) has {free:.2f} GiB free by NVML; with "
+                       f"that the memory preflight predicts {again['verdict']}: {again.get('reason')}. "
+                       f"Recommended: {_recommended(again)} (or --force)")
+    return out
