@@ -130,7 +130,9 @@ def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
 @user_errors
 def plan(c, inventory=DEFAULT_INVENTORY, host=None, role=None, json_=False, suggest=False):  # type: ignore[no-untyped-def]
     """Show what would run where (GPUs, NUMA, ports, command, env, files, memory) without touching anything."""
-    p = load_plan(inventory, host=host, role=role, store=calibration(), suggest=suggest)
+    # a release gpudeploy has not captured plans with the nearest captured one's flags, marked so;
+    # deploy reads the host's own --help before it renders anything
+    p = load_plan(inventory, host=host, role=role, store=calibration(), suggest=suggest, offline_flags=True)
     if json_:
         json.dump(plan_json(p), sys.stdout, indent=2)
         sys.stdout.write("\n")

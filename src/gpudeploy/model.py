@@ -234,6 +234,8 @@ class Unit:
     health_url: str
     files: dict[str, str]  # path -> text, secrets masked
     memory: dict[str, Any] | None = None
+    # a release gpudeploy has not captured, planned offline: the captured release whose flags it uses
+    flags_release: str = ""
     group: Group | None = None  # set when the role spans hosts (nnodes > 1)
 
     @property

@@ -27,6 +27,7 @@ def unit_json(u: Unit) -> dict[str, Any]:
         "role": u.role.name,
         "engine": u.role.engine,
         "engine_version": u.engine_version,
+        "flags_release": u.flags_release or u.engine_version,
         "unit": u.name,
         "gpus": list(u.gpus),
         "numa_node": u.numa_node,
@@ -73,6 +74,10 @@ def plan_text(plan: Plan, *, show_files: bool = True) -> str:
         learned = learned_flags(u)
         if learned is not None:
             out.append(f"   flags    {learned.describe(u.host.name).removeprefix('flags ')}")
+        if u.flags_release:
+            out.append(f"   flags    of {u.flags_release}, the nearest release gpudeploy has captured: "
+                       f"{u.engine_version} is not captured, so `invoke deploy` reads its --help from "
+                       f"{u.host.name} and checks the command line again before anything starts")
         out.append(f"   gpus     {gpus}   numa node {numa}   cpus {u.cpus or '-'}")
         bound = numa_binding(u)
         if bound is not None:
@@ -100,7 +105,7 @@ def plan_text(plan: Plan, *, show_files: bool = True) -> str:
 
 
 def memory_line(mem: dict[str, Any]) -> str:
-    """The per-rank budget table: what the memory preflight predicts, and measured where known."""
+    """The per-rank budget table: what the memory preflight predicts, what it assumes, and measured where known."""
     if mem.get("verdict") == "unknown":
         return f"   memory   unknown: {mem.get('reason')}"
     frac = f"{mem['fraction']:.3f}" + (" (SGLang default)" if mem.get("fraction_is_default") else "")
@@ -121,16 +126,32 @@ def memory_line(mem: dict[str, Any]) -> str:
     if "margin_gib" in mem:
         rows.append(f"              margin {mem['margin_gib']:+.2f} GiB, error band +-{mem['error_band_gib']:.2f} GiB"
                     f" (SGLang {mem.get('release_rules')} rules)")
+    inputs = mem.get("inputs") or []
+    guessed = [i for i in inputs if not i.get("grounded")]
+    if guessed:
+        rows.append("              assumed: " + "; ".join(
+            f"{i['name']} ({i['source']}" + (f", +-{i['band_gib']:.2f} GiB" if i.get("band_gib") else "")
+            + f"; certain with {i['certain_by']})" for i in guessed))
+    grounded = [i["name"] for i in inputs if i.get("grounded")]
+    if grounded:
+        rows.append("              grounded: " + ", ".join(grounded))
     rows += [f"              note: {n}" for n in mem.get("notes") or []]
     for name, cmp in (mem.get("measured") or {}).items():
         if isinstance(cmp, dict) and "measured" in cmp:
             rows.append(f"              measured {name}: {cmp['measured']} (predicted {cmp['predicted']})")
+    if mem.get("lesson"):
+        rows.append(f"              learned: {mem['lesson']}")
     if mem["verdict"] != "fits" or severity != "ok":
         flags = " ".join(mem.get("recommended_flags") or [])
-        rows.append(f"              recommended: {flags or mem.get('message') or mem.get('recommended')}"
+        drop = " ".join(mem.get("recommended_remove") or [])
+        what = " ".join(x for x in (flags, f"and drop {drop}" if drop else "") if x)
+        why = f" ({mem['message']})" if what and mem.get("message") else ""
+        rows.append(f"              recommended: {what or mem.get('message') or mem.get('recommended')}{why}"
                     + (f"; needs {mem['needs_more_gpus']} GPUs" if mem.get("needs_more_gpus") else ""))
     for sug in mem.get("suggestions", []):
-        rows.append(f"              fits: {' '.join(sug['flags']) or '(as is)'} -> {sug['kv_tokens']} KV tokens, "
+        drop = " ".join(sug.get("remove") or [])
+        rows.append(f"              fits: {' '.join(sug['flags']) or '(as is)'}"
+                    + (f" and drop {drop}" if drop else "") + f" -> {sug['kv_tokens']} KV tokens, "
                     f"{sug['running_requests']} running requests"
                     + ("" if sug["speculative"] else ", speculative decoding off"))
     return "\n".join(rows)

@@ -43,3 +43,34 @@ def test_gpus_nvml_cannot_read_stop_the_deploy_unless_forced() -> None:
     assert _check(facts) == ["cannot check the declared GPUs: NVML init failed: NVML Shared Library Not Found "
                              "(--force deploys without the check)"]
     assert _check(facts, force=True) == []
+
+
+def test_the_memory_preflight_runs_again_with_what_nvml_says_is_free(tmp_path: Path) -> None:
+    """Deploy's second look (issue 22): the plan took the GPU class's free memory; the host's NVML says
+    35 GiB are free on GPU 2 (a display or a driver holding memory no compute process lists), so the
+    field's FP8 MoE at 0.85 has no room for its KV pool: refused with the GPU and the figure, unless
+    --force. With the whole card free it passes."""
+    import sys
+
+    sys.path.insert(0, str(REPO / "tests" / "plan"))
+    from test_memory_cli import make
+
+    inv = make(tmp_path, {"mem_fraction_static": 0.85})
+    plan = load_plan(str(inv))
+    host = plan.inventory.hosts["node171"]
+
+    def facts(free_gib: dict[int, float]) -> dict[str, Any]:
+        devices = [{"index": g, "name": "NVIDIA RTX PRO 6000 Blackwell Server Edition", "total": int(95.6 * 2**30),
+                    "used": int((95.6 - free_gib.get(g, 95.0)) * 2**30), "free": int(free_gib.get(g, 95.0) * 2**30),
+                    "numa_node": 0} for g in range(4)]
+        return {"systemd": True, "listening": {}, "gpus": {"devices": devices, "processes": []},
+                "units": {plan.units[0].name: {"procs": [], "props": {}}}}
+
+    def check(f: dict[str, Any], force: bool = False) -> list[str]:
+        return problems(host, list(plan.units), f, SYSTEMD.states(f), SYSTEMD, force=force)
+
+    assert check(facts({})) == []
+    found = check(facts({2: 35.0}))
+    assert len(found) == 1 and found[0].startswith("GPU 2 (for role srv) has 35.00 GiB free by NVML")
+    assert "kv-pool-empty" in found[0] and "(or --force)" in found[0]
+    assert check(facts({2: 35.0}), force=True) == []

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gpudeploy.errors import InputError
-from gpudeploy.plan.modelfacts import model_facts_from_dir, model_facts_from_mapping
+from gpudeploy.memory.modelfacts import model_facts_from_dir, model_facts_from_mapping
 
 FIX = Path(__file__).parent / "fixtures"
 

@@ -5,7 +5,10 @@ from __future__ import annotations
 import pytest
 
 from gpudeploy.errors import InputError
-from gpudeploy.plan.memory import EngineSettings, capture_batch_sizes, mamba_slots_per_request
+from gpudeploy.memory.defaults import capture_batch_sizes
+from gpudeploy.memory.hybrid import slots_per_request as mamba_slots_per_request
+from gpudeploy.memory.releases import release_rules
+from gpudeploy.memory.settings import EngineSettings
 
 
 def test_canonical_and_release_names() -> None:
@@ -38,7 +41,15 @@ def test_capture_sizes_and_mamba_slots() -> None:
     assert capture_batch_sizes(16, False) == [1, 2, 4, 8, 12, 16]
     assert max(capture_batch_sizes(512, False)) == 512
     assert capture_batch_sizes(16, True)[-1] == 16
-    assert mamba_slots_per_request(EngineSettings()) == 3
-    assert mamba_slots_per_request(EngineSettings(mamba_scheduler_strategy="extra_buffer")) == 5
-    assert mamba_slots_per_request(EngineSettings(mamba_scheduler_strategy="extra_buffer_lazy")) == 4
-    assert mamba_slots_per_request(EngineSettings(disable_radix_cache=True)) == 1
+    old, new = release_rules("0.5.9"), release_rules("0.5.23")
+    assert mamba_slots_per_request(EngineSettings(), old) == 3          # auto is no_buffer up to 0.5.10
+    assert mamba_slots_per_request(EngineSettings(), new) == 5          # and extra_buffer in 0.5.23
+    assert mamba_slots_per_request(EngineSettings(mamba_scheduler_strategy="extra_buffer"), old) == 5
+    assert mamba_slots_per_request(EngineSettings(mamba_scheduler_strategy="extra_buffer_lazy"), new) == 4
+    assert mamba_slots_per_request(EngineSettings(disable_radix_cache=True), old) == 1
+    # no_buffer with speculative decoding turns the radix cache off: one slot per request
+    spec = EngineSettings(mamba_scheduler_strategy="no_buffer", speculative_algorithm="EAGLE")
+    assert mamba_slots_per_request(spec, old) == 1
+    # extra_buffer with speculative decoding: overlap off up to 0.5.10 (+1), kept in 0.5.23 (+2)
+    eb = EngineSettings(mamba_scheduler_strategy="extra_buffer", speculative_algorithm="EAGLE")
+    assert (mamba_slots_per_request(eb, old), mamba_slots_per_request(eb, new)) == (4, 5)

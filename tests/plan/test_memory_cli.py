@@ -90,14 +90,15 @@ def test_plan_shows_the_warning_with_margin_and_band(tmp_path: Path) -> None:
     res = invoke("plan", "--inventory", str(make(tmp_path, {"mem_fraction_static": 0.92})))
     assert res.returncode == 0, res.stderr
     assert "verdict OOM-IN-GRAPH-CAPTURE   WARNING: inside the estimate's error, deploy goes ahead" in res.stdout
-    assert "margin -0.88 GiB, error band +-1.35 GiB (SGLang 0.5.23 rules)" in res.stdout
+    assert "margin -1.09 GiB, error band +-1.51 GiB (SGLang 0.5.23 rules)" in res.stdout
     assert "recommended: --mem-fraction-static 0.89" in res.stdout
 
 
 def test_plan_suggest_prints_settings_that_fit(tmp_path: Path) -> None:
     res = invoke("plan", "--inventory", str(make(tmp_path, {"mem_fraction_static": 0.95, **MTP})), "--suggest")
     assert res.returncode == 0, res.stderr
-    assert "verdict OOM-IN-GRAPH-CAPTURE" in res.stdout
+    # short by less than what speculative decoding's unmeasured graphs could take: uncertain, not certain
+    assert "verdict UNCERTAIN" in res.stdout and "speculative graphs" in res.stdout
     assert "fits: --mem-fraction-static" in res.stdout and "KV tokens" in res.stdout
 
 
@@ -128,3 +129,66 @@ def test_deploy_summary_reads_both_releases_log_formats() -> None:
     assert memory_figures(new) == "memory: weights 14.62 GiB, KV tokens 1106304, cuda graphs 0.52 GiB"
     old = [line for line in (logs / "sglang-0.5.9-eagle.log").read_text().splitlines() if not line.startswith("#")]
     assert memory_figures(old) == "memory: weights 18.70 GiB, KV tokens 1512000, cuda graphs 0.54 GiB"
+
+
+HYBRID = {"kind": "hybrid", "assumed": ["shape"], "weights_gib": 51.8, "layers": 64, "full_attention_layers": 16,
+          "linear_layers": 48, "kv_heads": 4, "head_dim": 256, "state_bytes_per_request": 153944064,
+          "hidden_size": 5120, "vocab_size": 248320, "intermediate_size": 17408, "context_length": 262144,
+          "mtp_layers": 1}
+
+
+def test_the_hybrid_recommendation_is_shown_with_every_flag_it_needs(tmp_path: Path) -> None:
+    """The field's hybrid + MTP: the plan's recommendation drops extra_buffer in the release's spelling,
+    and merged into the role it passes the same check (it is what `recommended_settings` shows)."""
+    settings = {"max_running_requests": 512, "mamba_scheduler_strategy": "extra_buffer", **MTP}
+    (tmp_path / "one").mkdir()
+    inv = make(tmp_path / "one", settings, facts=HYBRID, version="0.5.10")
+    text = yaml.safe_load(inv.read_text())
+    text["hosts"]["node171"]["numa_nodes"] = [{"id": 0, "gpus": [0], "cpus": "0-7"}]
+    inv.write_text(yaml.safe_dump(text))
+    role = yaml.safe_load((tmp_path / "one" / "roles" / "srv.yml").read_text())
+    (tmp_path / "one" / "roles" / "srv.yml").write_text(yaml.safe_dump({**role, "tp_size": 1}))
+    mem = load_plan(str(inv)).units[0].memory
+    assert mem is not None and mem["severity"] == "refuse"
+    flags = mem["recommended_flags"]
+    assert flags[flags.index("--mamba-scheduler-strategy") + 1] == "no_buffer"
+    merged = mem["recommended_settings"]
+    assert merged["mamba_scheduler_strategy"] == "no_buffer" and merged["speculative_algorithm"] == "EAGLE"
+    (tmp_path / "two").mkdir()
+    fixed = make(tmp_path / "two", merged, facts=HYBRID, version="0.5.10")
+    fixed.write_text(yaml.safe_dump(text))
+    (tmp_path / "two" / "roles" / "srv.yml").write_text(yaml.safe_dump({**role, "tp_size": 1, "settings": merged}))
+    again = load_plan(str(fixed)).units[0].memory
+    assert again is not None and (again["verdict"], again["severity"]) == ("fits", "ok"), again["reason"]
+
+
+def test_turning_speculative_decoding_off_names_the_flags_to_drop(tmp_path: Path) -> None:
+    from gpudeploy.plan.memcheck import merged_settings, removed_settings
+
+    role = {"mem_fraction_static": 0.9, **MTP, "speculative_draft_model_path": "/m/draft"}
+    rec = {"mem_fraction_static": 0.93, "speculative_algorithm": None, "speculative_num_steps": None,
+           "speculative_eagle_topk": None, "speculative_num_draft_tokens": None}
+    assert merged_settings(role, rec) == {"mem_fraction_static": 0.93}
+    assert removed_settings(role, rec) == [*MTP, "speculative_draft_model_path"]
+
+
+def test_a_release_gpudeploy_has_not_captured_plans_offline_marked_as_such(tmp_path: Path) -> None:
+    """`invoke plan` of 0.5.99: the flags and memory rules of 0.5.23, the nearest captured release, said so;
+    deploy still stops to read the host's own --help first (FlagsNotKnown)."""
+    import pytest
+
+    from gpudeploy.errors import InputError
+    from gpudeploy.plan.flags import FlagsNotKnown
+
+    inv = make(tmp_path, {"mem_fraction_static": 0.85}, version="0.5.99")
+    res = invoke("plan", "--inventory", str(inv))
+    assert res.returncode == 0, res.stderr
+    assert "flags    of 0.5.23, the nearest release gpudeploy has captured" in res.stdout
+    res = invoke("plan", "--inventory", str(inv), "--json")
+    unit = __import__("json").loads(res.stdout)["units"][0]
+    assert (unit["engine_version"], unit["flags_release"]) == ("0.5.99", "0.5.23")
+    rules = next(i for i in unit["memory"]["inputs"] if i["name"] == "release rules")
+    assert not rules["grounded"] and "0.5.23" in rules["source"]
+    with pytest.raises(InputError) as err:
+        load_plan(str(inv))
+    assert any(isinstance(p, FlagsNotKnown) for p in err.value.problems)

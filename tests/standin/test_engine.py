@@ -216,6 +216,13 @@ FAULT_TEXTS = {
         "2. set --cuda-graph-max-bs to a smaller value (e.g., 16)",
         "Received sigquit from a child process. It usually means the child failed.",
     ],
+    # the field report's own line, from rank 1, as torch raised it inside the capture
+    "oom-graph-field": [
+        "TP1] Scheduler hit an exception: Traceback (most recent call last):",
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 7.50 GiB. GPU 1 has a total capacity of "
+        "94.97 GiB of which 2.30 GiB is free.",
+        "Received sigquit from a child process. It usually means the child failed.",
+    ],
     "kv-not-enough": ["RuntimeError: Not enough memory. Please try to increase --mem-fraction-static."],
     "weights-oom": ["torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. "
                     "GPU 0 has a total capacity of 139.80 GiB"],
@@ -238,6 +245,21 @@ def test_fault_prints_sglang_text_and_exits_1_without_leftovers(lab: Lab, fault:
     assert "ready to roll" not in p.text
     wait_for(lambda: not any(alive(k) for k in p.known_children), timeout=3)
     assert http_get(port, "/health") is None
+
+
+def test_the_fields_oom_comes_without_sglangs_wrapper_after_capture_began(lab: Lab) -> None:
+    """The case the field hit: torch's text alone (no "Capture cuda graph failed" line), after the
+    weights loaded and the capture began: gpudeploy must name the phase from the lines before it."""
+    p, _ = lab.engine("--tp-size", "2", SGLANG_STANDIN_FAULT="oom-graph-field")
+    assert p.wait_exit(10) == 1
+    assert "Capture cuda graph failed" not in p.text
+    assert p.text.index("Capture cuda graph begin") < p.text.index("Tried to allocate 7.50 GiB")
+    assert p.text.index("Load weight end") < p.text.index("Tried to allocate 7.50 GiB")
+    from gpudeploy.verify.causes import classify
+
+    cause = classify(p.text.splitlines(), {"mem_fraction_static": 0.7})
+    assert cause is not None and cause.kind == "oom-in-graph-capture", cause
+    assert "5.20 GiB short" in cause.summary and "use more GPUs" not in cause.next_step
 
 
 def test_silent_exit_says_nothing(lab: Lab) -> None:

@@ -7,6 +7,8 @@ from typing import Any
 from ..errors import RemoteError
 from ..facts.check import layout_problems, version_problems
 from ..model import Host, Unit
+from ..plan.calibrate import CalibrationStore
+from ..plan.memcheck import DEFAULT_STORE, free_memory_problems
 from ..supervisor.base import Supervisor, UnitState
 
 PACKAGE = {"sglang": "sglang", "sglang_router": "sglang-router"}
@@ -47,6 +49,10 @@ def problems(host: Host, units: list[Unit], facts: dict[str, Any], states: dict[
     out += version_problems(host, engine_releases(host, units), facts.get("versions") or {})
     mine = {u.name: {p["pid"] for p in states[u.name].procs} for u in units}
     all_mine = set().union(*mine.values()) if mine else set()
+    if wanted and not gpus.get("error") and not force:
+        # the memory preflight again with what NVML says is free now (issue 22)
+        out += free_memory_problems(host, units, gpus.get("devices", []), gpus.get("processes", []), all_mine,
+                                    CalibrationStore(DEFAULT_STORE))
     for p in gpus.get("processes", []):
         if p["gpu"] in wanted and p["pid"] not in all_mine and not force:
             owner = next((u.role.name for u in units if p["gpu"] in u.gpus), "?")

@@ -10,7 +10,7 @@ import jinja2
 from ..errors import InputError, Problem
 from ..inventory import load_inventory
 from ..model import Group, Host, Inventory, Plan, Role, Unit
-from .flags import check_args, engine_version, settings_args
+from .flags import check_args, engine_version, flags_release, settings_args
 from .group import plan_groups, with_groups
 from .pd import pd_problems
 from .placement import Placement, place_host
@@ -27,6 +27,7 @@ ENV_DIR = "/etc/gpudeploy"
 STATE_ROOT = "/var/lib"
 SECRET_MASK = "********"  # noqa: S105 - the mask, not a secret
 MODULES = {"sglang": "sglang.launch_server", "sglang_router": "sglang_router.launch_router"}
+PROGRAM_OF = {"sglang": "sglang", "sglang_router": "sglang_router"}
 
 
 def unit_stem(deployment: str, role: str) -> str:
@@ -46,18 +47,18 @@ RESERVED_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
 
 def load_plan(inventory_path: str, *, host: str | None = None, role: str | None = None,
               deployment: str | None = None, whole: bool = False, store: CalibrationStore | None = None,
-              suggest: bool = False, memory: bool = True) -> Plan:
+              suggest: bool = False, memory: bool = True, offline_flags: bool = False) -> Plan:
     """Parse the inventory and plan it, reporting the problems of both steps together."""
     problems: list[Problem] = []
     inv = load_inventory(inventory_path, problems)
     return build_plan(inv, host=host, role=role, deployment=deployment, whole=whole, problems=problems,
-                      store=store, suggest=suggest, memory=memory)
+                      store=store, suggest=suggest, memory=memory, offline_flags=offline_flags)
 
 
 def build_plan(inv: Inventory, *, host: str | None = None, role: str | None = None,
                deployment: str | None = None, whole: bool = False,
                problems: list[Problem] | None = None, store: CalibrationStore | None = None,
-               suggest: bool = False, memory: bool = True) -> Plan:
+               suggest: bool = False, memory: bool = True, offline_flags: bool = False) -> Plan:
     """Compute every deployment of the inventory, then select. Raises InputError with every problem.
 
     The whole inventory is always checked: a router's upstreams live on other hosts, and a broken
@@ -65,6 +66,9 @@ def build_plan(inv: Inventory, *, host: str | None = None, role: str | None = No
     keeps that deployment's units; ``host`` keeps the units on it, or with ``whole`` (deploy
     without --role) every unit of the deployments that have one on it, on every host; ``role``
     keeps that role. ``memory=False`` skips the memory preflight (status, teardown, logs).
+    ``offline_flags`` plans a release gpudeploy has not captured with the nearest captured
+    release's flags and memory rules, marked as such (``invoke plan``); without it such a release is a
+    :class:`~.flags.FlagsNotKnown` problem, which deploy answers by reading the host's ``--help``.
     """
     problems = problems if problems is not None else []
     selection: list[Problem] = []
@@ -100,12 +104,13 @@ def build_plan(inv: Inventory, *, host: str | None = None, role: str | None = No
             if r.nnodes > 1 and group is None:
                 continue  # the group's problem is reported
             unit = _unit(inv, h, dep, r, placements[h.name][r.name],
-                         ports[h.name][r.name], ports, renderer, problems, group, groups)
+                         ports[h.name][r.name], ports, renderer, problems, group, groups, offline_flags)
             if unit is not None and unit.engine_version and memory:
                 from .memcheck import unit_memory  # the memory model is only loaded when asked for
 
                 unit = replace(unit, memory=unit_memory(h, r, unit.gpus, unit.engine_version, store, problems,
-                                                        want_suggestions=suggest))
+                                                        want_suggestions=suggest,
+                                                        flags_release=unit.flags_release or None))
             if unit is not None:
                 units.append(unit)
     problems += pd_problems(units)
@@ -140,17 +145,19 @@ def deployments(inv: Inventory) -> set[str]:
 def _unit(inv: Inventory, host: Host, deployment: str, role: Role, placed: Placement, my_ports: dict[str, int],
           all_ports: dict[str, dict[str, dict[str, int]]], renderer: Renderer,
           problems: list[Problem], group: Group | None = None,
-          groups: dict[tuple[str, str, str], Group] | None = None) -> Unit | None:
+          groups: dict[tuple[str, str, str], Group] | None = None, offline_flags: bool = False) -> Unit | None:
     before = len(problems)
-    version = engine_version(host, role, problems)
+    version = engine_version(host, role, problems, offline=offline_flags)
+    # an uncaptured release (offline plans only) is spelled like the nearest captured one
+    spelling = flags_release(PROGRAM_OF.get(role.engine, ""), version) if version else version
     name = unit_name(deployment, role.name)
     stem = unit_stem(deployment, role.name)
     state_dir = f"{STATE_ROOT}/gpudeploy/{stem}"
     argv: list[str] = []
-    if role.engine == "sglang" and version:
-        argv = _sglang_argv(host, role, version, my_ports, problems, group)
-    elif role.engine == "sglang_router" and version:
-        argv = _router_argv(inv, deployment, host, role, version, my_ports, all_ports, problems, groups or {})
+    if role.engine == "sglang" and spelling:
+        argv = _sglang_argv(host, role, spelling, my_ports, problems, group)
+    elif role.engine == "sglang_router" and spelling:
+        argv = _router_argv(inv, deployment, host, role, spelling, my_ports, all_ports, problems, groups or {})
     elif role.engine == "command":
         argv = _command_argv(host, role, placed, my_ports, state_dir, renderer, problems)
     # An engine's flag values never hold a newline: one there is a mistake (a folded `>` YAML
@@ -201,6 +208,7 @@ def _unit(inv: Inventory, host: Host, deployment: str, role: Role, placed: Place
         state_dir=state_dir,
         health_url=f"http://{host.address}:{my_ports['http']}{role.health.path}" if "http" in my_ports else "",
         files={unit_path: unit_text, env_path: env_text}, group=group,
+        flags_release=spelling if spelling and spelling != version else "",
     )
     if host.supervisor == "process":  # no systemd there: the process supervisor's JSON spec instead
         path = spec_path(name)

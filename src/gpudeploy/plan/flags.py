@@ -16,7 +16,7 @@ from .. import flagcache
 from ..errors import Problem
 from ..flagspec import FlagSpec, captured_versions, load_flags, resolve
 from ..model import Host, Role
-from ..versions import sort_key
+from ..versions import release_tuple, sort_key
 
 SPELLINGS: dict[str, tuple[str, ...]] = {
     "cuda_graph_max_bs": ("--cuda-graph-max-bs", "--cuda-graph-max-bs-decode"),
@@ -55,8 +55,31 @@ def flags_source(program: str, version: str, host: str | None) -> flagcache.Lear
     return None if resolve(program, version) is not None else flagcache.for_host(program, version, host)
 
 
-def engine_version(host: Host, role: Role, problems: list[Problem]) -> str | None:
-    """The release of the role's engine on this host, if it is one we have the real --help of."""
+def has_flags(program: str, version: str, host: str | None = None) -> bool:
+    return resolve(program, version) is not None or flagcache.for_host(program, version, host) is not None
+
+
+def nearest_captured(program: str, version: str) -> str | None:
+    """The captured (or learned) release nearest below ``version`` (the oldest when it is older than all)."""
+    known = known_releases(program)
+    if not known:
+        return None
+    key = release_tuple(version)
+    below = [v for v in known if release_tuple(v) <= key]
+    return below[-1] if below else known[0]
+
+
+def flags_release(program: str, version: str, host: str | None = None) -> str:
+    """The release whose --help spells the flags for ``version``: itself when gpudeploy has it (for
+    ``host``), else the nearest captured one (an offline plan; deploy then reads the host's own --help)."""
+    if has_flags(program, version, host):
+        return version
+    return nearest_captured(program, version) or version
+
+
+def engine_version(host: Host, role: Role, problems: list[Problem], *, offline: bool = False) -> str | None:
+    """The release of the role's engine on this host, if it is one we have the real --help of
+    (``offline``: any release; :func:`flags_release` then picks the nearest captured spelling)."""
     program = PROGRAM.get(role.engine)
     if program is None:
         return None
@@ -69,7 +92,9 @@ def engine_version(host: Host, role: Role, problems: list[Problem]) -> str | Non
             line=host.where.line if host.where else None, host=host.name, role=role.name,
             key="engine_versions"))
         return None
-    if resolve(program, version) is None and flagcache.for_host(program, version, host.name) is None:
+    if not has_flags(program, version, host.name) and offline and known:
+        return version
+    if not has_flags(program, version, host.name):
         taught = flagcache.of_release(program, version)
         why = (f"hosts printed different --help texts of {program} {version} "
                f"({'; '.join(e.describe() for e in taught)}), so {host.name}'s own is needed"

@@ -2,21 +2,25 @@
 
 Model facts come from ``model.facts`` in the role (explicit numbers, for models that live only on
 the GPU node) or from the model directory when it is readable here. Without either, the verdict is
-``unknown`` and deploy says so rather than guessing.
+``unknown`` and deploy says so rather than guessing. The arithmetic is :mod:`gpudeploy.memory`'s;
+this module feeds it the role, the host and what earlier runs measured, and checks that what it
+recommends passes the same check once merged into the role's settings.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from ..errors import InputError, Problem
+from ..memory import EngineSettings, budget, recommendation_flags, suggest
+from ..memory.logparse import Measured
+from ..memory.modelfacts import ModelFacts, model_facts_from_dir, model_facts_from_mapping
 from ..model import Host, Plan, Role
 from .calibrate import CalibrationStore
 from .flags import flag_for
-from .memory import EngineSettings, budget, recommendation_flags, suggest
-from .modelfacts import ModelFacts, model_facts_from_dir, model_facts_from_mapping
 
 # The inventory gives a GPU's memory as NVML reports it; CUDA programs see about 0.6 GiB less
 # (H200: NVML 140.4 GiB, torch "total capacity of 139.80 GiB"; a 96 GB card: 95.6 vs 95.0).
@@ -40,8 +44,49 @@ def model_facts(role: Role, problems: list[Problem]) -> ModelFacts | None:
     return None
 
 
+def merged_settings(settings: Mapping[str, Any], recommended: Mapping[str, Any]) -> dict[str, Any]:
+    """The role's settings with a recommendation applied: a ``None`` removes the setting, and turning
+    speculative decoding off removes every ``speculative_*`` setting the role has."""
+    out = dict(settings)
+    for name, value in recommended.items():
+        if name == "tp_size":
+            continue
+        if value is None:
+            out.pop(name, None)
+            if name == "speculative_algorithm":
+                for key in [k for k in out if k.startswith("speculative_")]:
+                    out.pop(key)
+        else:
+            out[name] = value
+    return out
+
+
+def removed_settings(settings: Mapping[str, Any], recommended: Mapping[str, Any]) -> list[str]:
+    """The role's settings a recommendation drops."""
+    merged = merged_settings(settings, recommended)
+    return [k for k in settings if k not in merged]
+
+
+def _measured_for(store: CalibrationStore | None, host: Host, role: Role,
+                  model_id: str) -> tuple[Measured | None, EngineSettings | None]:
+    measured = store.get(host.name, model_id, role.settings) if store else None
+    if measured is not None or store is None:
+        return measured, None
+    # a run under other settings (the failed one, before its recommendation was applied)
+    found = store.latest(host.name, model_id)
+    if found is None:
+        return None, None
+    try:
+        return found[1], EngineSettings.from_settings(found[0], role.tp_size)
+    except InputError:
+        return None, None
+
+
 def unit_memory(host: Host, role: Role, gpus: tuple[int, ...], version: str, store: CalibrationStore | None,
-                problems: list[Problem], *, want_suggestions: bool = False) -> dict[str, Any] | None:
+                problems: list[Problem], *, want_suggestions: bool = False, flags_release: str | None = None,
+                gpu_name: str | None = None, free_gib: float | None = None) -> dict[str, Any] | None:
+    """The unit's memory preflight; ``flags_release`` spells the flags (the nearest captured release
+    when ``version`` was not captured); ``gpu_name``/``free_gib`` are NVML's at deploy."""
     if role.engine != "sglang" or not gpus:
         return None
     facts = model_facts(role, problems)
@@ -55,29 +100,51 @@ def unit_memory(host: Host, role: Role, gpus: tuple[int, ...], version: str, sto
         return None
     capacity = min(host.gpu_memory_gib.get(g, 0.0) for g in gpus) - CUDA_RESERVED_GIB
     model_id = str(role.model.get("path", role.name))
-    measured = store.get(host.name, model_id, role.settings) if store else None
-    measured_settings = None
-    if measured is None and store is not None:
-        # a run under other settings (the failed one, before its recommendation was applied)
-        found = store.latest(host.name, model_id)
-        if found is not None:
-            try:
-                measured_settings = EngineSettings.from_settings(found[0], role.tp_size)
-                measured = found[1]
-            except InputError:
-                measured_settings = None
-    b = budget(capacity, facts, settings, measured, measured_settings, release=version)
-    doc = b.to_json()
+    measured, measured_settings = _measured_for(store, host, role, model_id)
+    kw: dict[str, Any] = {"release": version, "gpu_name": gpu_name, "free_gib": free_gib}
+    b = budget(capacity, facts, settings, measured, measured_settings, **kw)
+    spelling = flags_release or version
 
     def flag(name: str) -> str:
-        return flag_for("sglang", version, name, host.name)
+        return flag_for("sglang", spelling, name, host.name)
 
-    doc["recommended_flags"] = recommendation_flags(b.recommended, flag)
+    def passes(rec: Mapping[str, Any]) -> bool:
+        """The recommendation merged into the role's settings passes the same check."""
+        if "tp_size" in rec:
+            return True            # more GPUs: checked at that TP by the search itself
+        try:
+            again = EngineSettings.from_settings(merged_settings(role.settings, rec), role.tp_size, where=role.file)
+        except InputError:
+            return False
+        got = budget(capacity, facts, again, measured, measured_settings or settings, **kw)
+        return got.verdict == "fits" and got.severity == "ok"
+
+    doc = b.to_json()
+    rec = dict(b.recommended)
+    if rec and not passes(rec):
+        alternatives = [x.settings for x in suggest(capacity, facts, settings, measured, measured_settings, **kw)]
+        rec = next((alt for alt in alternatives if passes(alt)), {})
+        doc["recommended"] = rec
+        if not rec:
+            doc["message"] = "no setting found that passes the check once merged into the role's settings"
+    doc["recommended_flags"] = recommendation_flags(rec, flag)
+    doc["recommended_remove"] = [flag(k) for k in removed_settings(role.settings, rec)]
+    doc["recommended_settings"] = merged_settings(role.settings, rec) if rec else {}
+    if flags_release and flags_release != version:
+        doc["flags_release"] = flags_release
     if want_suggestions:
-        doc["suggestions"] = [dict(s.to_json(), flags=recommendation_flags(s.settings, flag))
-                              for s in suggest(capacity, facts, settings, measured, measured_settings,
-                                               release=version)]
+        doc["suggestions"] = [dict(s.to_json(), flags=recommendation_flags(s.settings, flag),
+                                   remove=[flag(k) for k in removed_settings(role.settings, s.settings)])
+                              for s in suggest(capacity, facts, settings, measured, measured_settings, **kw)
+                              if passes(s.settings)]
     return doc
+
+
+def _recommended(mem: dict[str, Any]) -> str:
+    flags = " ".join(mem.get("recommended_flags") or [])
+    drop = " ".join(mem.get("recommended_remove") or [])
+    rec = " ".join(x for x in (flags, f"and drop {drop}" if drop else "") if x)
+    return rec or mem.get("message") or "none found"
 
 
 def memory_verdicts(plan: Plan) -> tuple[list[Problem], list[str]]:
@@ -85,9 +152,10 @@ def memory_verdicts(plan: Plan) -> tuple[list[Problem], list[str]]:
 
     Returns (refusals, warnings): a refusal stops the deploy unless ``--force``; a warning is
     printed and the deploy goes ahead. Only certainties refuse (the weights do not fit, the KV
-    pool or the mamba state comes out empty) and a graph-capture shortfall larger than the
-    estimate's measured error; a shortfall or a thin margin inside that error warns, with the
-    margin, so a setup that boots is never refused on a guess.
+    pool, the request table or the mamba state do not fit) and a graph-capture shortfall larger
+    than the whole error band; an uncertain verdict (assumed inputs make the band wide), a shortfall
+    or a thin margin inside the band warns, with what is assumed, so a setup that boots is never
+    refused on a guess.
     """
     problems: list[Problem] = []
     warnings: list[str] = []
@@ -96,20 +164,55 @@ def memory_verdicts(plan: Plan) -> tuple[list[Problem], list[str]]:
         verdict = mem.get("verdict")
         if verdict in (None, "unknown"):
             continue
-        rec = " ".join(mem.get("recommended_flags") or []) or mem.get("message") or "none found"
+        rec = _recommended(mem)
         more = f"; or use {mem['needs_more_gpus']} GPUs" if mem.get("needs_more_gpus") else ""
+        why = f" ({mem['message']})" if mem.get("message") and mem.get("recommended_flags") else ""
         severity = mem.get("severity", "refuse" if verdict != "fits" else "ok")
         if severity == "refuse":
             problems.append(Problem(f"memory preflight predicts {verdict}: {mem.get('reason')}. "
-                                    f"Recommended: {rec}{more} (or --force)", file=u.role.file,
+                                    f"Recommended: {rec}{more}{why} (or --force)", file=u.role.file,
                                     host=u.host.name, role=u.role.name, key="settings"))
             continue
         where = f"{u.host.name}/{u.role.name}"
         if severity == "warn":
             margin, band = mem.get("margin_gib", 0.0), mem.get("error_band_gib", 0.0)
             what = (f"{-margin:.2f} GiB short" if margin < 0 else f"{margin:.2f} GiB spare")
+            assumed = mem.get("assumed") or []
+            unknown = f"; it assumes {', '.join(assumed)}" if verdict == "uncertain" and assumed else ""
             warnings.append(f"{where}: memory preflight: {verdict}, {what} in the headroom, within the "
-                            f"estimate's +-{band:.2f} GiB error: deploying anyway. If it dies in CUDA graph "
-                            f"capture, the next plan learns from its log. Safer: {rec}{more}")
+                            f"estimate's +-{band:.2f} GiB error{unknown}: deploying anyway. If it dies, the next "
+                            f"plan learns from its log. Safer: {rec}{more}")
         warnings.extend(f"{where}: memory preflight: {note}" for note in mem.get("notes") or [])
     return problems, warnings
+
+
+def free_memory_problems(host: Host, units: list[Any], devices: list[dict[str, Any]],
+                         processes: list[dict[str, Any]], own_pids: set[int],
+                         store: CalibrationStore | None = None) -> list[str]:
+    """Deploy's second look, with NVML's reading of the host: the memory preflight again with what is
+    free on each unit's GPUs right now (less what this deployment's own earlier runs hold, which a
+    restart gives back) and the GPU's own kind from its name. Returns what now refuses where the plan
+    did not (a display or driver holding memory NVML lists under no process, say); --force skips it."""
+    real = {d["index"]: d for d in devices if "index" in d}
+    out: list[str] = []
+    for u in units:
+        mem = u.memory or {}
+        if u.role.engine != "sglang" or mem.get("verdict") in (None, "unknown") or mem.get("severity") == "refuse":
+            continue
+        seen = [real[g] for g in u.gpus if g in real and real[g].get("free") is not None]
+        if len(seen) != len(u.gpus):
+            continue
+
+        def free_of(d: dict[str, Any]) -> float:
+            mine = sum(p.get("used", 0) for p in processes if p.get("gpu") == d["index"] and p.get("pid") in own_pids)
+            return float(d["free"] + mine) / 2**30
+
+        tightest = min(seen, key=free_of)
+        free = free_of(tightest)
+        again = unit_memory(host, u.role, u.gpus, u.engine_version, store, [], flags_release=u.flags_release or None,
+                            gpu_name=str(tightest.get("name") or "") or None, free_gib=free)
+        if again and again.get("severity") == "refuse":
+            out.append(f"GPU {tightest['index']} (for role {u.role.name}) has {free:.2f} GiB free by NVML; with "
+                       f"that the memory preflight predicts {again['verdict']}: {again.get('reason')}. "
+                       f"Recommended: {_recommended(again)} (or --force)")
+    return out

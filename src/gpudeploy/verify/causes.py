@@ -4,6 +4,11 @@ One table per engine log format (a role's ``log_format``): ``sglang`` (SGLang's 
 shared/reference/sglang.md) and ``vllm`` (vLLM's real texts, from its source and from runs of its CPU
 build in the lab). The advice names flags in the spelling of the host's release, with the values the
 role uses now.
+
+A CUDA out-of-memory error means what the phase it came in says (:mod:`gpudeploy.memory.logparse`
+reads the phases): while the weights load, they do not fit; once they are loaded it is never that,
+but the KV pool, the CUDA graphs (target decode or verify, draft, prefill), warmup's activations or
+a request being served, each with its own fix.
 """
 
 from __future__ import annotations
@@ -11,6 +16,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+
+from ..memory.logparse import parse_memory_log
 
 FlagName = Callable[[str], str]
 
@@ -50,25 +57,50 @@ PORT_IN_USE = Rule("port-in-use", re.compile(r"(Address already in use|address a
                    "a port the server needs is already taken on the host",
                    lambda s, f: "find who holds it (`ss -ltnp`) or give the role other ports under ports:")
 
+def _graph_advice(s: dict[str, object], f: FlagName) -> str:
+    return (f"lower {f('mem_fraction_static')} (now {_setting(s, 'mem_fraction_static')}) or cap "
+            f"{f('cuda_graph_max_bs')} (now {_setting(s, 'cuda_graph_max_bs')}) at 16; the next `invoke plan` "
+            "reads this run's log and recommends values that cover what it was short (`--suggest` lists more)")
+
+
+def _hybrid(s: dict[str, object]) -> bool:
+    """The role runs a hybrid (mamba) model: it names a mamba setting."""
+    return any(k in s for k in ("mamba_scheduler_strategy", "mamba_radix_cache_strategy", "max_mamba_cache_size",
+                                "mamba_full_memory_ratio"))
+
+
+def _kv_empty_advice(s: dict[str, object], f: FlagName) -> str:
+    if _hybrid(s):
+        strategy = _setting(s, "mamba_scheduler_strategy", _setting(s, "mamba_radix_cache_strategy", "auto"))
+        spec = " and speculative decoding's intermediate states" if s.get("speculative_algorithm") else ""
+        return (f"for a hybrid model the mamba state{spec} is taken before the KV pool is sized, so SGLang's "
+                f"\"increase --mem-fraction-static\" rarely helps: lower {f('max_running_requests')} (now "
+                f"{_setting(s, 'max_running_requests')}) or set {f('max_mamba_cache_size')}, and with "
+                f"{f('mamba_scheduler_strategy')} {strategy} try no_buffer (extra_buffer keeps 2 more slots per "
+                "request); `invoke plan` computes a combination that fits")
+    return (f"raise {f('mem_fraction_static')} (now {_setting(s, 'mem_fraction_static')}), "
+            "or use more GPUs (larger TP) or a smaller/quantized model")
+
+
 RULES: tuple[Rule, ...] = (
-    # 0.5.9: "Capture cuda graph failed: ..."; 0.5.23: "Capture decode CUDA graph failed" / "Capture
-    # prefill CUDA graph failed" (model_executor/*cuda_graph_runner.py).
-    Rule("oom-in-graph-capture", re.compile(r"Capture (?:\w+ )?cuda graph failed: CUDA out of memory", re.I),
+    # 0.5.9: "Capture cuda graph failed: ..."; 0.5.23: the decode and draft runners print the same,
+    # the prefill runner "Capture prefill CUDA graph failed: ..." (runner/*cuda_graph_runner.py)
+    Rule("oom-in-graph-capture", re.compile(r"Capture (?:[\w-]+ )*cuda graph failed: CUDA out of memory", re.I),
          "CUDA out of memory while capturing CUDA graphs: the headroom left by --mem-fraction-static is too small",
-         lambda s, f: (f"lower {f('mem_fraction_static')} (now {_setting(s, 'mem_fraction_static')}) by 0.05-0.10, "
-                       f"or cap {f('cuda_graph_max_bs')} (now {_setting(s, 'cuda_graph_max_bs')}) at 16; "
-                       "`invoke plan --suggest` computes values that fit")),
-    Rule("kv-pool-empty", re.compile(r"Not enough memory\. Please try to increase --mem-fraction-static"),
-         "the KV cache pool came out empty: weights use (almost) all of the static memory budget",
-         lambda s, f: (f"raise {f('mem_fraction_static')} (now {_setting(s, 'mem_fraction_static')}), "
-                       "or use more GPUs (larger TP) or a smaller/quantized model")),
+         _graph_advice),
+    Rule("kv-pool-empty", re.compile(r"Not enough memory\. Please try to increase --mem-fraction-static"
+                                     r"|Loaded weights leave no GPU memory for the KV cache"),
+         "the KV cache pool came out empty: the static memory budget holds no KV cache",
+         _kv_empty_advice),
     Rule("mamba-state-does-not-fit", re.compile(r"Not enough GPU memory for hybrid \(mamba"),
          "the hybrid (mamba/linear-attention) state cache does not fit",
          lambda s, f: (f"lower {f('max_running_requests')} (now {_setting(s, 'max_running_requests')}), or use "
                        f"{f('mamba_scheduler_strategy')} no_buffer instead of extra_buffer")),
-    Rule("weights-do-not-fit", re.compile(r"(torch\.)?OutOfMemoryError: CUDA out of memory"),
-         "CUDA out of memory before the server was up (the weights or activations do not fit)",
-         lambda s, f: "use more GPUs (larger TP), a quantized checkpoint, or free the GPUs of other processes"),
+    # torch's own text: what it means depends on the phase (see OOM_BY_PHASE below)
+    Rule("cuda-oom", re.compile(r"(torch\.)?OutOfMemoryError: CUDA out of memory"
+                                r"|CUDA out of memory\. Tried to allocate"),
+         "CUDA out of memory (no startup phase in the log to say where)",
+         lambda s, f: "the lines above say what was being allocated; `invoke logs` shows the whole run"),
     Rule("unknown-flag", re.compile(r"error: (unrecognized arguments|argument [^:]+: invalid choice)"),
          "the engine rejected its command line (a flag or value this release does not have)",
          lambda s, f: "check the engine_versions of the host against the SGLang actually installed there"),
@@ -101,11 +133,43 @@ RULES: tuple[Rule, ...] = (
          lambda s, f: "`invoke status` lists GPU processes that belong to no unit; stop them first"),
 )
 
+# What a CUDA OOM means, by the phase it came in (memory.logparse's OOM_MEANS): cause, summary, advice.
+OOM_BY_PHASE: dict[str, tuple[str, str, Callable[[dict[str, object], FlagName], str]]] = {
+    "weights-do-not-fit": ("weights-do-not-fit", "CUDA out of memory while loading the weights: they do not fit",
+                           lambda s, f: "use more GPUs (larger TP), a quantized checkpoint, or free the GPUs of "
+                                        "other processes"),
+    "memory-pool-does-not-fit": (
+        "memory-pool-does-not-fit",
+        "CUDA out of memory after the weights loaded, while the KV pool and request table were allocated",
+        lambda s, f: (f"less was free than SGLang measured (another process, or a driver that hides memory, as WSL2 "
+                      f"does): lower {f('mem_fraction_static')} (now {_setting(s, 'mem_fraction_static')}) or "
+                      f"{f('max_running_requests')} / {f('context_length')}; `invoke status` lists GPU processes "
+                      "that belong to no unit")),
+    "oom-in-graph-capture": ("oom-in-graph-capture",
+                             "CUDA out of memory after the weights loaded, while capturing CUDA graphs: the headroom "
+                             "left by --mem-fraction-static is too small", _graph_advice),
+    "oom-at-warmup": ("oom-at-warmup", "CUDA out of memory in warmup, after every CUDA graph was captured: the "
+                      "prefill activations do not fit in the headroom",
+                      lambda s, f: (f"lower {f('chunked_prefill_size')} (now {_setting(s, 'chunked_prefill_size')}) "
+                                    f"or {f('mem_fraction_static')} (now {_setting(s, 'mem_fraction_static')})")),
+    "oom-while-serving": ("oom-while-serving", "CUDA out of memory while serving requests",
+                          lambda s, f: (f"lower {f('chunked_prefill_size')} (now "
+                                        f"{_setting(s, 'chunked_prefill_size')}), {f('max_running_requests')} "
+                                        f"(now {_setting(s, 'max_running_requests')}) or "
+                                        f"{f('mem_fraction_static')}")),
+}
+
+# The gate's phases (verify/gate.py's PHASE_ORDER). A capture's "end" line moves no phase: 0.5.23
+# captures prefill graphs before decode ones, and a speculative run loads and captures its draft
+# after the target's graphs; the scheduler's summary line comes after all of them.
 PHASES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("loading weights", re.compile(r"Load weight begin")),
     ("allocating KV cache", re.compile(r"(Load weight end|KV Cache is allocated)")),
-    ("capturing CUDA graphs", re.compile(r"Capture cuda graph begin")),
-    ("starting HTTP server", re.compile(r"(Capture cuda graph end|max_total_num_tokens=)")),
+    # 0.5.9 "Capture cuda graph begin", "Capture draft cuda graph begin"; 0.5.23 "Capture target
+    # decode|verify|prefill CUDA graph begin", "Capture draft decode|extend CUDA graph begin"
+    ("capturing CUDA graphs", re.compile(r"Capture (?:[\w-]+ )*(?:cuda|CUDA) graph begin"
+                                         r"|Capture piecewise CUDA graph")),
+    ("starting HTTP server", re.compile(r"max_total_num_tokens=\d+, chunked_prefill_size=")),
     ("ready", re.compile(r"The server is fired up and ready to roll")),
 )
 
@@ -193,6 +257,20 @@ def log_format(name: str | None) -> LogFormat:
     return LOG_FORMATS.get(name or "sglang", SGLANG)
 
 
+def _oom_cause(lines: Sequence[str], settings: dict[str, object], flag: FlagName,
+               evidence: tuple[str, ...]) -> Cause:
+    """A torch OOM, named by the phase the run was in when it came."""
+    m = parse_memory_log(lines)
+    rule = next(r for r in RULES if r.kind == "cuda-oom")
+    kind, summary, advice = OOM_BY_PHASE.get(m.failure or "", (rule.kind, rule.summary, rule.advice))
+    if m.shortfall_gib is not None:
+        summary += (f" ({m.shortfall_gib:.2f} GiB short: it asked for {m.oom_tried_gib:.2f} GiB with "
+                    f"{m.oom_free_gib or 0:.2f} GiB free" + (f" on GPU {m.oom_gpu}" if m.oom_gpu is not None else "")
+                    + ")")
+    extra = {"phase": m.oom_phase or m.phase_reached}
+    return Cause(kind, summary, evidence, advice(settings, flag), extra=extra)
+
+
 def phase_of(line: str, fmt: LogFormat = SGLANG) -> str | None:
     for name, pattern in fmt.phases:
         if pattern.search(line):
@@ -217,6 +295,8 @@ def classify(lines: Sequence[str], settings: dict[str, object] | None = None,
         for i, line in enumerate(lines):
             if rule.pattern.search(line):
                 evidence = tuple(lines[max(0, i - 1): i + 4])
+                if rule.kind == "cuda-oom":
+                    return _oom_cause(lines, settings, flag, evidence)
                 return Cause(rule.kind, rule.summary, evidence, rule.advice(settings, flag))
     if exited:
         tail = tuple(lines[-5:])

@@ -49,6 +49,10 @@ Workers exit when the launcher's pipe closes (launcher killed); a SIGKILLed work
 Faults (SGLANG_STANDIN_FAULT; an unknown name exits 2):
   oom-graph          rank 0 fails mid CUDA graph capture: "Capture cuda graph failed: CUDA out of
                      memory. Tried to allocate 7.50 GiB. ..." + "Possible solutions:" lines; exit 1
+  oom-graph-field    the field report's MTP OOM: rank 1 (0 at TP1) dies mid capture with torch's text alone,
+                     no "Capture cuda graph failed" wrapper: "torch.OutOfMemoryError: CUDA out of memory.
+                     Tried to allocate 7.50 GiB. GPU 1 has a total capacity of 94.97 GiB of which 2.30 GiB is
+                     free. ..." (the report's figures verbatim); exit 1
   kv-not-enough      "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static."
   weights-oom        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate ..." while loading
   mamba-oom          "Not enough GPU memory for hybrid (mamba/linear-attention) state cache."
@@ -81,6 +85,7 @@ memory differs by more than 10% ("The memory capacity is unbalanced", e.g. an or
 
 FAULTS = (
     "oom-graph",
+    "oom-graph-field",
     "kv-not-enough",
     "weights-oom",
     "mamba-oom",

@@ -78,6 +78,13 @@ FRAMES = {
     "mamba": [("managers/scheduler.py", 3052, "run_scheduler_process", "scheduler = Scheduler("),
               ("model_executor/model_runner.py", 1790, "init_memory_pool",
                "raise RuntimeError(")],
+    # torch's own OOM raised inside a capture, with no "Capture cuda graph failed" wrapper around it
+    "graph-torch": [("managers/scheduler.py", 3052, "run_scheduler_process", "scheduler = Scheduler("),
+                    ("model_executor/model_runner.py", 2101, "init_device_graphs",
+                     "self.graph_runner = graph_runners[self.device](self)"),
+                    ("model_executor/cuda_graph_runner.py", 402, "capture",
+                     ") = self.capture_one_batch_size(bs, forward)"),
+                    ("model_executor/cuda_graph_runner.py", 571, "capture_one_batch_size", "run_once()")],
     "graph": [("managers/scheduler.py", 3052, "run_scheduler_process", "scheduler = Scheduler("),
               ("model_executor/model_runner.py", 2101, "init_device_graphs",
                "self.graph_runner = graph_runners[self.device](self)"),
@@ -113,6 +120,17 @@ CRASH_TEXT = (
     "CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace "
     "below might be incorrect.\nFor debugging consider passing CUDA_LAUNCH_BLOCKING=1"
 )
+
+
+# The field report's own OOM, verbatim up to "is free." (an MTP start at --mem-fraction-static 0.70
+# on 96 GB GPUs, rank 1); the rest is torch's CUDACachingAllocator text with the figures that follow
+FIELD_OOM_TEXT = (
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 7.50 GiB. GPU 1 has a total capacity of "
+    "94.97 GiB of which 2.30 GiB is free. Including non-PyTorch memory, this process has 92.67 GiB memory in use. "
+    "Of the allocated memory 90.05 GiB is allocated by PyTorch, and 1.10 GiB is reserved by PyTorch but "
+    "unallocated. If reserved but unallocated memory is large try setting "
+    "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation for Memory "
+    "Management  (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)")
 
 
 def scheduler_exception(phase: str, message: str) -> str:
@@ -362,7 +380,8 @@ def rank_script(plan: EnginePlan, rank: int, flt: str, k: float, shards: int = 1
             bar("desc", text=progress.capture_desc(sizes[-1], plan.avail_after_pool / GIB))
             acts.append({"op": "hang"})
             return done()
-        fail_at = n // 2 if ((fail and fail.phase == "graph") or (flt == "oom-graph" and rank == 0)) else -1
+        fail_at = n // 2 if ((fail and fail.phase == "graph") or (flt == "oom-graph" and rank == 0)
+                             or (flt == "oom-graph-field" and rank == victim)) else -1
         die_at = n // 2 if (flt == "worker-dies" and rank == victim) else -1
         for i, bs in enumerate(reversed(sizes), start=1):
             # cuda_graph_runner.py reads the free memory, then captures this batch size
@@ -372,6 +391,8 @@ def rank_script(plan: EnginePlan, rank: int, flt: str, k: float, shards: int = 1
             if i == fail_at:  # the bar stays open: no newline before the scheduler's error
                 if fail:
                     return die("graph", fail.message)
+                if flt == "oom-graph-field":
+                    return die("graph-torch", FIELD_OOM_TEXT)
                 free = plan.avail_after_pool - plan.graph_bytes * i // n
                 return die("graph", "Exception: " + graph_oom_text(int(7.5 * GIB), rp, free))
             if i == die_at:

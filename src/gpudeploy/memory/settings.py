@@ -57,6 +57,9 @@ class EngineSettings:
     enable_torch_compile: bool = False
     enable_lora: bool = False
     mamba_full_memory_ratio: float = MAMBA_FULL_MEMORY_RATIO
+    max_mamba_cache_size: int | None = None     # hybrid models: state slots, instead of SGLang's own sizing
+    max_total_tokens: int | None = None         # caps the KV pool
+    attention_backend: str | None = None        # SGLang picks one by model, GPU and release when unset
 
     @classmethod
     def from_settings(cls, settings: Mapping[str, Any], tp_size: int, where: str = "settings") -> EngineSettings:
@@ -80,7 +83,7 @@ class EngineSettings:
 
         for key in ("cuda_graph_max_bs", "max_running_requests", "chunked_prefill_size", "context_length",
                     "speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens",
-                    "dp_size", "tp_size", "prefill_graph_max_tokens"):
+                    "dp_size", "tp_size", "prefill_graph_max_tokens", "max_mamba_cache_size", "max_total_tokens"):
             v = vals.get(key)
             if v is None or (key == "chunked_prefill_size" and v == -1):
                 continue
@@ -126,15 +129,19 @@ class EngineSettings:
         """A draft model or MTP layers run beside the target (NGRAM drafts from the prompt)."""
         return self.speculative_algorithm is not None and self.speculative_algorithm != "NGRAM"
 
-    def spec(self) -> tuple[int, int, int]:
+    def spec(self, defaults: tuple[int, int, int] = (3, 1, 4)) -> tuple[int, int, int]:
         """(num_steps, eagle_topk, num_draft_tokens); zeros when speculative decoding is off.
 
-        SGLang's own defaults when only the algorithm is named (auto_choose_speculative_params
-        picks 3/1/4 for most models); topk 1 forces draft tokens = steps + 1.
+        ``defaults`` are SGLang's own when only the algorithm is named (the release's
+        auto_choose_speculative_params, :func:`.defaults.spec_defaults`); topk 1 forces draft
+        tokens = steps + 1.
         """
         if self.speculative_algorithm is None:
             return 0, 0, 0
-        steps = self.speculative_num_steps or 3
-        topk = self.speculative_eagle_topk or 1
-        draft = steps + 1 if topk == 1 else (self.speculative_num_draft_tokens or steps * topk)
-        return steps, topk, draft
+        if self.speculative_num_steps is None:
+            steps, topk, draft = defaults
+        else:
+            steps = self.speculative_num_steps
+            topk = self.speculative_eagle_topk or 1
+            draft = self.speculative_num_draft_tokens or steps * topk
+        return steps, topk, (steps + 1 if topk == 1 else draft)

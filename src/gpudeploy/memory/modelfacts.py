@@ -36,6 +36,15 @@ model that lives only on the GPU node). Accepted keys (unknown keys are an error
   ``graph_gib``                measured decode CUDA-graph memory ("Capture ... graph end ... mem
                                usage=X GB" of a previous run): replaces the estimate
   ``activation_kib_per_token`` override prefill activation memory per token (per rank)
+  ``architecture``             config.json's ``architectures[0]`` (SGLang picks speculative defaults and,
+                               in 0.4.6 - 0.4.9, the attention backend by it)
+  ``multimodal``               a vision tower runs beside the model (SGLang lowers the fraction for it)
+  ``vision_layers``, ``vision_hidden_size``   its ViT (SGLang's defaults when not given: 24, 1024)
+  ``num_attention_heads``, ``q_lora_rank``, ``qk_nope_head_dim``, ``v_head_dim``   attention shape, for
+                               the attention weights DP attention replicates on every rank
+  ``attention_weights_gib``    those weights directly (all layers, TP1)
+  ``assumed``                  true, or a list of what the numbers guess ("shape", "weights", ...): the
+                               estimate then widens its error band for them (:mod:`.inputs`)
   ``name``                     label used in messages
 
 Negative or non-numeric sizes, unknown kinds and missing required fields raise
@@ -95,6 +104,12 @@ class ModelFacts:
     kv_bytes_per_token_override: int | None = None   # TP1 value given explicitly
     state_bytes_override: int | None = None          # per request, TP1, all linear layers
     activation_bytes_per_token_override: int | None = None
+    architecture: str = ""
+    multimodal: bool = False
+    vision_layers: int = 24                # SGLang's getattr defaults (adjust_mem_fraction_for_vlm)
+    vision_hidden_size: int = 1024
+    attention_weight_bytes: int = 0        # all layers' attention weights at TP1 (DP attention keeps them whole)
+    assumed: tuple[str, ...] = ()          # which facts are guesses (empty: read or given as known)
     source: str = ""
 
     # ---- derived sizes -------------------------------------------------------------------
@@ -171,8 +186,11 @@ _MAPPING_KEYS = {
     "state_bytes_per_request", "dtype_bytes", "hidden_size", "vocab_size", "intermediate_size",
     "moe_intermediate_size", "num_experts_per_tok", "context_length", "mtp_layers",
     "draft_weights_gib", "draft_layers", "attention_chunk_size", "graph_gib", "activation_kib_per_token",
-    "quantization",
+    "quantization", "architecture", "multimodal", "vision_layers", "vision_hidden_size", "num_attention_heads",
+    "q_lora_rank", "qk_nope_head_dim", "v_head_dim", "attention_weights_gib", "assumed",
 }
+# given or guessed: a shape left out falls back to these defaults, which are then assumed
+_SHAPE_DEFAULTS = ("hidden_size", "vocab_size")
 
 
 def model_facts_from_mapping(d: Mapping[str, Any], where: str) -> ModelFacts:
@@ -213,11 +231,22 @@ def model_facts_from_mapping(d: Mapping[str, Any], where: str) -> ModelFacts:
     dtype_bytes = _num(d, "dtype_bytes", where, default=2)
     if dtype_bytes == 0:
         raise _problem(where, "dtype_bytes", "dtype_bytes must be positive")
+    assumed = _assumed(d, where)
+    hidden = _num(d, "hidden_size", where, default=4096)
+    heads = _num(d, "num_attention_heads", where, default=0)
+    attn_gib = _num(d, "attention_weights_gib", where, integer=False)
+    attn_bytes = _gib_bytes(attn_gib) if attn_gib is not None else attention_weight_bytes(
+        kind, layers, hidden, heads, kv_heads, head_dim, _num(d, "q_lora_rank", where, default=0), lora, rope,
+        _num(d, "qk_nope_head_dim", where, default=0), _num(d, "v_head_dim", where, default=0),
+        1 if d.get("quantization") else 2)
+    multimodal = d.get("multimodal", False)
+    if not isinstance(multimodal, bool):
+        raise _problem(where, "multimodal", f"'multimodal' must be true or false, got {multimodal!r}")
     return ModelFacts(
         name=str(d.get("name", where)), kind=kind, weight_bytes=weight_bytes, layers=layers,
         kv_heads=kv_heads, head_dim=head_dim, kv_lora_rank=lora, qk_rope_head_dim=rope,
         full_attention_layers=full, linear_layers=linear, dtype_bytes=dtype_bytes,
-        hidden_size=_num(d, "hidden_size", where, default=4096),
+        hidden_size=hidden,
         vocab_size=_num(d, "vocab_size", where, default=32000),
         intermediate_size=_num(d, "intermediate_size", where, default=0),
         moe_intermediate_size=_num(d, "moe_intermediate_size", where, default=0),
@@ -231,8 +260,44 @@ def model_facts_from_mapping(d: Mapping[str, Any], where: str) -> ModelFacts:
         quantization=str(d["quantization"]) if d.get("quantization") else None,
         kv_bytes_per_token_override=kvpt, state_bytes_override=state,
         activation_bytes_per_token_override=None if act is None else round(act * 1024),
-        source=where,
+        architecture=str(d.get("architecture") or ""), multimodal=multimodal,
+        vision_layers=_num(d, "vision_layers", where, default=24),
+        vision_hidden_size=_num(d, "vision_hidden_size", where, default=1024),
+        attention_weight_bytes=attn_bytes, assumed=assumed, source=where,
     )
+
+
+def _assumed(d: Mapping[str, Any], where: str) -> tuple[str, ...]:
+    """What the given facts guess: the ``assumed`` key, plus the shape keys left to defaults."""
+    raw = d.get("assumed", False)
+    if isinstance(raw, bool):
+        out = ["shape"] if raw else []
+    elif isinstance(raw, list) and all(isinstance(x, str) for x in raw):
+        out = list(raw)
+    else:
+        raise _problem(where, "assumed", f"'assumed' must be true, false or a list of names, got {raw!r}")
+    missing = [k for k in _SHAPE_DEFAULTS if k not in d]
+    if missing and "shape" not in out:
+        out.append("shape")
+    return tuple(out)
+
+
+def attention_weight_bytes(kind: str, layers: int, hidden: int, heads: int, kv_heads: int, head_dim: int,
+                           q_lora: int, kv_lora: int, rope: int, nope: int, v_head: int, dtype: int) -> int:
+    """All layers' attention projections at TP1, from the shape (0 when the shape does not say):
+    MHA/GQA q, k, v, o; MLA (DeepSeek V2/V3) q_a, q_b (or q), kv_a, kv_b and o."""
+    if kind == "mla":
+        if not (heads and kv_lora and (nope or head_dim)):
+            return 0
+        nope = nope or head_dim
+        v_head = v_head or nope
+        q = hidden * q_lora + q_lora * heads * (nope + rope) if q_lora else hidden * heads * (nope + rope)
+        per_layer = q + hidden * (kv_lora + rope) + kv_lora * heads * (nope + v_head) + heads * v_head * hidden
+    else:
+        if not (heads and head_dim):
+            return 0
+        per_layer = hidden * (heads + 2 * max(kv_heads, 1)) * head_dim + heads * head_dim * hidden
+    return per_layer * layers * dtype
 
 
 # ---- config.json + safetensors index ---------------------------------------------------------
@@ -298,7 +363,13 @@ def model_facts_from_dir(path: str | Path) -> ModelFacts:
     quant = cfg.get("quantization_config")
     quantization = str(quant.get("quant_method")) if isinstance(quant, dict) else None
     mtp = opt("num_nextn_predict_layers") or opt("mtp_num_hidden_layers")
+    archs = top.get("architectures")
+    vision = top.get("vision_config") if isinstance(top.get("vision_config"), dict) else None
     common: dict[str, Any] = dict(
+        architecture=str(archs[0]) if isinstance(archs, list) and archs else "",
+        multimodal=vision is not None,
+        vision_layers=int(_num(vision, "num_hidden_layers", where, default=24)) if vision else 24,
+        vision_hidden_size=int(_num(vision, "hidden_size", where, default=1024)) if vision else 1024,
         name=model_dir.name, weight_bytes=weight_bytes, layers=layers, dtype_bytes=dtype_bytes,
         hidden_size=hidden, vocab_size=req("vocab_size"),
         intermediate_size=opt("intermediate_size"),
@@ -309,10 +380,14 @@ def model_facts_from_dir(path: str | Path) -> ModelFacts:
         attention_chunk_size=opt("attention_chunk_size"),
     )
 
+    weight_dtype = 1 if quantization else dtype_bytes
     if cfg.get("kv_lora_rank"):
+        attn = attention_weight_bytes("mla", layers, hidden, heads, 0, 0, opt("q_lora_rank"), req("kv_lora_rank"),
+                                      req("qk_rope_head_dim"), opt("qk_nope_head_dim"), opt("v_head_dim"),
+                                      weight_dtype)
         return ModelFacts(kind="mla", kv_lora_rank=req("kv_lora_rank"),
                           qk_rope_head_dim=req("qk_rope_head_dim"), full_attention_layers=layers,
-                          **common)
+                          attention_weight_bytes=attn, **common)
 
     kv_heads = opt("num_key_value_heads") or heads
     if not kv_heads:
@@ -324,12 +399,13 @@ def model_facts_from_dir(path: str | Path) -> ModelFacts:
         head_dim = hidden // heads
 
     full, linear, conv, ssm = _hybrid_layout(cfg, where, layers)
+    attn = attention_weight_bytes("mha", full, hidden, heads, kv_heads, head_dim, 0, 0, 0, 0, 0, weight_dtype)
     if linear:
         return ModelFacts(kind="hybrid", kv_heads=kv_heads, head_dim=head_dim,
                           full_attention_layers=full, linear_layers=linear,
-                          conv_state_bytes=conv, ssm_state_bytes=ssm, **common)
+                          conv_state_bytes=conv, ssm_state_bytes=ssm, attention_weight_bytes=attn, **common)
     return ModelFacts(kind="mha", kv_heads=kv_heads, head_dim=head_dim,
-                      full_attention_layers=layers, **common)
+                      full_attention_layers=layers, attention_weight_bytes=attn, **common)
 
 
 def _hybrid_layout(cfg: Mapping[str, Any], where: str, layers: int) -> tuple[int, int, int, int]:

@@ -16,8 +16,20 @@ bench/device_graphs.py; "mem usage" = free before - free after, as SGLang logs i
   pool           0.07 GiB + 1.3 x the largest live activation set of one step at max_tokens:
                  max(logits: tokens x vocab x 2 B x (1 + 1/tp), one layer's temporaries)
                  (1.3 = median of pool / live bytes, 0.94-1.74 measured)
-  per_graph      before 0.5 only: every graph's own fp32 logits (sum of captured sizes x vocab
-                 x 4 B) and, before sglang PR #8567, its own FA3 page-table slice
+  per_graph      before 0.4.10: every graph's own fp32 logits (sum of captured sizes x vocab x 4 B)
+                 and, with the FA3 backend before sglang PR #8567, its own page-table copy (bs x
+                 context x 4 B: ``page_table[req_pool_indices, :]`` in 0.4.6's
+                 ``init_forward_metadata_capture_cuda_graph``, outside the graph pool, kept per bs);
+                 flashinfer, 0.4.5's default and 0.4.6 - 0.4.9's for most models, keeps one
+                 ``max_bs x context`` index buffer, which is attn_metadata above
+  comm           TP > 1: NCCL allocates a channel's buffers (its defaults: 4 MiB SIMPLE + 4.7 MiB
+                 LL128 + 0.5 MiB LL per connection) when a collective first runs on it, and in SGLang
+                 that is the capture's warm-up; the connections grow with the peers. Fitted: 0.07 GiB
+                 per peer rank (about 8 connections each) on the two public logs at TP > 1 (TP8
+                 sgl-project/sglang#8538: 6.19 GB, the other terms 5.60; TP4 PR #8567: 5.16 and
+                 3.22 GB, the other terms 5.07 and 3.00), +-50 %. Custom all-reduce's own buffers
+                 (three of max_size = 8 MiB, custom_all_reduce.py) are allocated before the weights
+                 load, so they are part of the free memory before load, not of this
 
 The graph count and the layer count barely matter (4 vs 80 layers of a Llama-70B TP8 shard:
 0.91 vs 1.20 GiB cold, all of the difference graph_exec); what each graph keeps alive on its own
@@ -41,7 +53,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .modelfacts import GIB, ModelFacts
-from .sglang_release import Release
+from .releases import Release
 
 FIRST_USE_GIB = 0.138
 EXEC_BYTES_DENSE_LAYER = 77 * 1024
@@ -51,6 +63,8 @@ POOL_FACTOR = 1.3
 REL_ERROR = 0.25          # the band: 16 % worst seen on public logs, 12 % on the device, rounded up
 ABS_ERROR_GIB = 0.5
 UNGROUNDED_REL_ERROR = 2.0
+COMM_GIB_PER_PEER = 0.07  # TP > 1, fitted on sglang#8538 and PR #8567 (see above)
+COMM_REL_ERROR = 0.5
 
 
 @dataclass(frozen=True)
@@ -79,11 +93,12 @@ class GraphMemory:
     attn_metadata: float
     pool: float
     per_graph: float
+    comm: float = 0.0
 
     @property
     def usage(self) -> float:
         return (self.first_use + self.graph_exec + self.input_buffers + self.attn_metadata
-                + self.pool + self.per_graph)
+                + self.pool + self.per_graph + self.comm)
 
     @property
     def peak_extra(self) -> float:
@@ -92,7 +107,8 @@ class GraphMemory:
 
     def to_json(self) -> dict[str, float]:
         return {k: round(getattr(self, k), 3) for k in
-                ("first_use", "graph_exec", "input_buffers", "attn_metadata", "pool", "per_graph", "usage")}
+                ("first_use", "graph_exec", "input_buffers", "attn_metadata", "pool", "per_graph", "comm",
+                 "usage")}
 
 
 def layer_live_bytes(model: ModelFacts, tp: int, tokens: int) -> float:
@@ -113,11 +129,20 @@ def logits_live_bytes(model: ModelFacts, tp: int, rows: int) -> float:
     return rows * 2 * model.vocab_size * (1 + 1 / tp)
 
 
+def comm_gib(tp: int) -> float:
+    """NCCL's channel buffers connected during the first capture at TP > 1 (see the module docstring)."""
+    return COMM_GIB_PER_PEER * (min(tp, 8) - 1) if tp > 1 else 0.0
+
+
 def capture_memory(model: ModelFacts, tp: int, context_len: int, cap: Capture, release: Release,
-                   *, first: bool = True, moe_layers: bool | None = None) -> GraphMemory:
-    """Memory of one capture family; ``first`` adds the cold-process cost (the first family only)."""
+                   *, first: bool = True, moe_layers: bool | None = None,
+                   page_table_per_graph: bool | None = None) -> GraphMemory:
+    """Memory of one capture family on one GPU; ``first`` adds the cold-process cost (the first family
+    only); ``page_table_per_graph`` (default: the release's rule) is FA3's copy per graph. NCCL's
+    buffers at TP > 1 (:func:`comm_gib`) are the caller's to add: this is what one GPU captures."""
     if not cap.sizes:
         return GraphMemory(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+    per_graph_table = release.per_graph_page_table if page_table_per_graph is None else page_table_per_graph
     moe = bool(model.num_experts_per_tok) if moe_layers is None else moe_layers
     layers = cap.layers or model.layers
     n = len(cap.sizes)
@@ -136,14 +161,14 @@ def capture_memory(model: ModelFacts, tp: int, context_len: int, cap: Capture, r
         total_rows = sum(cap.sizes) * cap.logits_rows_per_size
         if not release.shared_logits_buffer:
             per_graph += total_rows * model.vocab_size * 4 / GIB
-        if release.per_graph_page_table and cap.metadata_tables:
+        if per_graph_table and cap.metadata_tables:
             # the decode page table's per-batch-size slice (sglang PR #8567 made it a view)
             per_graph += sum(cap.sizes) * context_len * 4 / GIB
     return GraphMemory(FIRST_USE_GIB if first else 0.0, graph_exec, input_buffers, attn_metadata, pool,
                        per_graph)
 
 
-def error_band(graphs_gib: float, grounded: bool) -> float:
-    """How far the graph term can be off (GiB), from its measured error."""
+def error_band(graphs_gib: float, grounded: bool, comm: float = 0.0) -> float:
+    """How far the graph term can be off (GiB), from its measured error (``comm``: its NCCL part)."""
     rel = REL_ERROR if grounded else UNGROUNDED_REL_ERROR
-    return max(ABS_ERROR_GIB, rel * graphs_gib)
+    return max(ABS_ERROR_GIB, rel * (graphs_gib - comm)) + COMM_REL_ERROR * comm
