@@ -9,8 +9,10 @@ them, which need not be this one.
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +54,28 @@ class Lab:
             if name_or_address in (h.name, h.address):
                 return h.address
         raise KeyError(f"no lab host {name_or_address!r}")
+
+    def sshd_drop_in(self, host: str, name: str, text: str | None, *, files: dict[str, str] | None = None) -> None:
+        """Write (or with ``text`` None remove) ``/etc/ssh/sshd_config.d/<name>`` and the extra
+        ``files``, reload sshd, and wait until it listens again with them: sshd re-executes itself
+        on SIGHUP after `systemctl reload` has returned, and a connection in between is refused."""
+        cursor = self.ssh(host, "journalctl -u ssh -n 0 --show-cursor --no-pager", check=True).stdout
+        cursor = cursor.strip().rsplit("cursor: ", 1)[-1]
+        path = f"/etc/ssh/sshd_config.d/{name}"
+        if text is None:
+            script = "rm -f " + " ".join(shlex.quote(p) for p in [path, *(files or {})])
+        else:
+            script = " && ".join(f"printf %s {shlex.quote(body)} > {shlex.quote(p)}"
+                                 for p, body in [*(files or {}).items(), (path, text)])
+        self.ssh(host, f"{script} && systemctl reload ssh", check=True)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            res = self.ssh(host, f"journalctl -u ssh --after-cursor {shlex.quote(cursor)} --no-pager "
+                                 "| grep -c 'Server listening on 0.0.0.0 port 22'", timeout=10)
+            if res.returncode == 0 and res.stdout.strip() not in ("", "0"):
+                return
+            time.sleep(0.2)  # the poll's pause; the deadline bounds the wait
+        raise AssertionError(f"sshd on {host} did not listen again within 30 s of its reload")
 
     def refresh(self) -> None:
         """Re-read which hosts are up (after a test took the lab down and up again)."""

@@ -61,7 +61,7 @@ def test_pd_pair_and_router_deploy_serve_redeploy_and_teardown(lab: Lab) -> None
 FAULTS = [
     ("oom-graph", "CUDA out of memory while capturing CUDA graphs", "lower --mem-fraction-static"),
     ("kv-not-enough", "the KV cache pool came out empty", "raise --mem-fraction-static"),
-    ("weights-oom", "CUDA out of memory before the server was up", "use more GPUs"),
+    ("weights-oom", "CUDA out of memory while loading the weights: they do not fit", "use more GPUs"),
     ("mamba-oom", "the hybrid (mamba/linear-attention) state cache does not fit", "lower --max-running-requests"),
     ("silent-exit", "the server exited (", "run the same command"),
     ("worker-dies", "a TP worker (scheduler) process died", "invoke logs"),

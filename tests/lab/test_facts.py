@@ -66,9 +66,9 @@ def test_a_release_gpudeploy_has_not_captured_is_learned_from_the_hosts_help(dep
                                 host_settings={"lab3": {"engine_versions": {"sglang": "0.5.99"}}})
     for kept in (FLAGS_CACHE / "sglang").glob("0.5.99.*.json"):
         kept.unlink()  # what an earlier run learned (by release and digest, see flagcache.py)
-    offline = gd("plan", "--inventory", str(inv))
-    assert offline.returncode == 1 and "sglang 0.5.99 is a release gpudeploy has not captured" in offline.stderr
-    assert "`invoke deploy` reads its --help from lab3 once" in offline.stderr, offline.stderr
+    offline = gd("plan", "--inventory", str(inv))  # plans offline with the nearest captured release (issue 22)
+    assert offline.returncode == 0, offline.stdout + offline.stderr
+    assert "0.5.99 is not captured, so `invoke deploy` reads its --help from lab3" in offline.stdout, offline.stdout
     res = gd("deploy", "--inventory", str(inv), "--host", "lab3")
     assert res.returncode == 0, res.stdout + res.stderr
     assert "[lab3] learned the flags of sglang 0.5.99 from its --help" in res.stdout, res.stdout

@@ -133,8 +133,7 @@ def test_two_deploys_at_once_are_serialized(deployments: Deployments, lab: Lab) 
 def test_eight_units_on_one_host_within_sshds_session_limit(deployments: Deployments, lab: Lab) -> None:
     # sshd allows 10 sessions per connection by default; one journal stream and one state poll per
     # unit, plus the lock, ran out of them with 8 units. Here the host allows only 4.
-    lab.ssh("lab3", "printf 'MaxSessions 4\\n' > /etc/ssh/sshd_config.d/00-test-sessions.conf && "
-                    "systemctl reload ssh", check=True)
+    lab.sshd_drop_in("lab3", "00-test-sessions.conf", "MaxSessions 4\n")
     try:
         roles = {f"r{i}": standin_role(None, tp=1) for i in range(8)}
         inv = deployments.inventory("eight", roles, host="lab3")
@@ -142,7 +141,7 @@ def test_eight_units_on_one_host_within_sshds_session_limit(deployments: Deploym
         assert res.returncode == 0, res.stdout + res.stderr
         assert res.stdout.count(": started in ") == 8, res.stdout
     finally:
-        lab.ssh("lab3", "rm -f /etc/ssh/sshd_config.d/00-test-sessions.conf && systemctl reload ssh", check=True)
+        lab.sshd_drop_in("lab3", "00-test-sessions.conf", None)
 
 
 @pytest.fixture
@@ -305,8 +304,7 @@ def test_plan_and_lab_inventories_name_units_unambiguously() -> None:
 def test_a_host_that_refuses_port_forwarding_is_gated_on_the_host_itself(lab: Lab) -> None:
     # The gate's HTTP went through direct-tcpip channels only: on a host with `AllowTcpForwarding no`
     # (rented containers, hardened hosts) every poll was refused and the gate timed out in silence.
-    lab.ssh("lab1", "printf 'AllowTcpForwarding no\\n' > /etc/ssh/sshd_config.d/00-test-forwarding.conf && "
-                    "systemctl reload ssh", check=True)
+    lab.sshd_drop_in("lab1", "00-test-forwarding.conf", "AllowTcpForwarding no\n")
     inv = str(REPO / "inventory" / "lab.yml")
     try:
         res = gd("deploy", "--inventory", inv, "--host", "lab1", timeout=300)
@@ -318,4 +316,4 @@ def test_a_host_that_refuses_port_forwarding_is_gated_on_the_host_itself(lab: La
         assert status_json(REPO / "inventory" / "lab.yml", "--host", "lab1")["healthy"]
     finally:
         gd("teardown", "--inventory", inv, "--host", "lab1", "--purge")
-        lab.ssh("lab1", "rm -f /etc/ssh/sshd_config.d/00-test-forwarding.conf && systemctl reload ssh", check=True)
+        lab.sshd_drop_in("lab1", "00-test-forwarding.conf", None)

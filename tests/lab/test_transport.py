@@ -223,10 +223,9 @@ def test_a_host_certificate_works_for_status_and_deploy_refuses_it_saying_why(la
     host_pub.write_text(lab.ssh("lab1", "cat /etc/ssh/ssh_host_ed25519_key.pub", check=True).stdout)
     subprocess.run(["ssh-keygen", "-q", "-s", str(ca), "-I", "lab1", "-h", "-n", lab1, str(host_pub)], check=True)
     cert = (ssh_env / "lab1_host-cert.pub").read_text()
-    conf = "/etc/ssh/sshd_config.d/gpudeploy-test-hostcert.conf"
-    lab.ssh("lab1", f"cat > /etc/ssh/ssh_host_ed25519_key-cert.pub && echo 'HostCertificate "
-                    f"/etc/ssh/ssh_host_ed25519_key-cert.pub' > {conf} && systemctl reload ssh", input=cert,
-            check=True)
+    certfile = "/etc/ssh/ssh_host_ed25519_key-cert.pub"
+    lab.sshd_drop_in("lab1", "gpudeploy-test-hostcert.conf", f"HostCertificate {certfile}\n",
+                     files={certfile: cert})
     try:
         inventory = ssh_env / "inventory_known_hosts"
         inventory.write_text(f"@cert-authority {lab1} {' '.join(ca.with_suffix('.pub').read_text().split()[:2])}\n")
@@ -234,4 +233,4 @@ def test_a_host_certificate_works_for_status_and_deploy_refuses_it_saying_why(la
         assert status == "lab1", status
         assert deploy.startswith("refused") and "@cert-authority" in deploy and "host certificates" in deploy, deploy
     finally:
-        lab.ssh("lab1", f"rm -f {conf} /etc/ssh/ssh_host_ed25519_key-cert.pub && systemctl reload ssh", check=True)
+        lab.sshd_drop_in("lab1", "gpudeploy-test-hostcert.conf", None, files={certfile: ""})

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from gpudeploy.facts.check import version_problems
-from gpudeploy.model import Host, SshConfig
 from gpudeploy.memory.releases import release_rules
+from gpudeploy.model import Host, SshConfig
 
 # (inventory's release, host's release, the same release?)
 SAME = [

@@ -336,8 +336,9 @@ def rank_script(plan: EnginePlan, rank: int, flt: str, k: float, shards: int = 1
         load_shards(0.5)
         part = plan.weights_per_rank // 2
         acts.append({"op": "mem", "bytes": used + part})
-        message = fail.message if fail else torch_oom(
-            min(plan.weights_per_rank, 2 * GIB), rp, plan.avail_before - part - GIB)
+        # forced: a shard that does not fit, as a real weights OOM reads (less free than it asks for)
+        want = min(plan.weights_per_rank, 2 * GIB)
+        message = fail.message if fail else torch_oom(want, rp, want // 4)
         return die("weights", message)
     load_shards(1.0)
     bar("close")
