@@ -60,7 +60,9 @@ NAME_RULE = "use lowercase letters, digits, - or _ (at most 41, starting with a 
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 CPU_LIST_RE = re.compile(r"\d+(-\d+)?(,\d+(-\d+)?)*")
 RESERVED_ENV = {"CUDA_VISIBLE_DEVICES": "the GPUs of the placement (roles: [{role: R, gpus: [...]}])",
-                "CUDA_DEVICE_ORDER": "PCI_BUS_ID, so CUDA's device numbers are NVML's"}
+                "CUDA_DEVICE_ORDER": "PCI_BUS_ID, so CUDA's device numbers are NVML's",
+                "MC_MIN_RPC_PORT": "mooncake's RPC range from the plan, one per engine (ports: {mooncake_rpc: N})",
+                "MC_MAX_RPC_PORT": "mooncake's RPC range from the plan, one per engine (ports: {mooncake_rpc: N})"}
 
 
 def load_inventory(path: str | Path, problems: list[Problem] | None = None) -> Inventory:

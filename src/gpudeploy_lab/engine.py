@@ -16,6 +16,9 @@ Recipes:
             /work/shared/reference/sglang-router.md). It must never be able to fetch a tokenizer
             from a model hub: it runs only inside lab hosts (no route, no resolver) or on loopback
             in front of stand-ins that report no ``model_path``/``tokenizer_path``.
+    sglang  the real ``sglang==0.5.23`` on CPU, on top of the vLLM venv's CPU torch
+            (/work/shared/reference/sglang-cpu.md; ``python -m sglang.launch_server --device cpu``),
+            serving the vLLM recipe's tiny model; mooncake's non-CUDA engine for PD over TCP.
 
 Each venv is made by Debian's own interpreter (``/usr/bin/python3 -m venv``), the same python3.11 the
 bookworm hosts run, so it works unchanged inside them. A build is used only once its ``.complete``
@@ -86,12 +89,20 @@ class Recipe:
     # of the key: it is a few bytes added to a finished build (also to one cached before it existed).
     # The version must keep "+cpu": vLLM picks its CPU platform by "cpu" in version("vllm").
     dist_alias: tuple[str, str] | None = None
+    # Another recipe whose venv this one builds on: its site-packages are on this venv's path (a
+    # relative .pth, so the same on the main machine and in the hosts), read-only.
+    base: Recipe | None = None
+    no_deps: tuple[str, ...] = ()  # installed first with --no-deps (their pins would pull CUDA builds)
+    site_files: tuple[tuple[str, str], ...] = ()  # (name, text) written into site-packages
 
     def key(self) -> str:
         # The vLLM recipe's dict is exactly what engine.py hashed before recipes existed, so the
         # cached build keeps its key; packages differ between recipes, so their keys do too.
-        recipe = {"revision": self.revision, "python": PYTHON, "packages": self.packages,
-                  "uninstall": self.uninstall, "model": self.model_script}
+        recipe: dict[str, object] = {"revision": self.revision, "python": PYTHON, "packages": self.packages,
+                                     "uninstall": self.uninstall, "model": self.model_script}
+        if self.base is not None or self.no_deps or self.site_files:
+            recipe.update(base=self.base.key() if self.base else None, no_deps=self.no_deps,
+                          site_files=self.site_files)
         return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
 
     @property
@@ -135,7 +146,54 @@ VLLM = Recipe(
     model_script=MODEL_SCRIPT,
 )
 ROUTER = Recipe(name="router", title="sglang-router", packages=("sglang-router==0.3.2",), pip_timeout=600)
-RECIPES = (VLLM, ROUTER)
+
+# Lab only: PyPI's torchvision is a CUDA build; beside the CPU build of torch its compiled ops (_C)
+# do not load, which torchvision tolerates except for two unguarded register_fake calls in
+# torchvision/_meta_registrations.py ("operator torchvision::nms does not exist"). SGLang 0.5.23
+# imports torchvision at every start (srt/multimodal/internvl_utils.py: `import torchvision.transforms`)
+# and never runs those ops for a text model. Defining the two operators' schemas (no kernel) before
+# torchvision is first imported lets the registrations find them; nothing of torchvision is changed.
+TORCHVISION_SHIM = '''"""Lab only (gpudeploy_lab.engine): torchvision's unguarded registrations beside CPU torch."""
+import importlib.abc
+import sys
+
+_LIB = None
+
+
+class _BeforeTorchvision(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        global _LIB
+        if name != "torchvision" or _LIB is not None:
+            return None
+        sys.meta_path.remove(self)
+        import torch
+
+        _LIB = torch.library.Library("torchvision", "FRAGMENT")
+        for op in ("nms", "qnms"):
+            _LIB.define(op + "(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+        return None  # the normal finders import torchvision itself
+
+
+sys.meta_path.insert(0, _BeforeTorchvision())
+'''
+
+# The real SGLang 0.5.23 on CPU (shared/reference/sglang-cpu.md): the wheel without its pins (they
+# ask for torch 2.14.1 and CUDA builds), on top of the vLLM venv's CPU torch 2.13.0 and transformers
+# (its .pth), plus what 0.5.23 imports at startup although a CPU server never uses it (triton,
+# torchvision), the small packages it imports, mooncake's non-CUDA transfer engine for PD over TCP
+# (it needs Debian's libibverbs1 and libnl on the host: rootfs.py), and py-spy (gpudeploy's stall
+# report reads Python stacks with it). Versions as installed and run here on 2026-12-01.
+SGLANG = Recipe(
+    name="sglang", title="SGLang 0.5.23 CPU engine", base=VLLM,
+    no_deps=("sglang==0.5.23", "torchvision==0.28.0"),
+    packages=("triton==3.9.0", "orjson==3.13.0", "xxhash==4.1.0", "zstandard==0.25.0",
+              "python-dateutil==2.9.0.post0", "distro==1.9.0", "easydict==1.14", "blobfile==3.0.0",
+              "gguf==0.19.0", "ipython==9.18.1", "build==1.6.1", "scipy==1.17.1", "soundfile==0.13.1",
+              "mooncake-transfer-engine-non-cuda==0.3.13.post1", "py-spy==0.4.1"),
+    site_files=(("_gpudeploy_lab_torchvision.py", TORCHVISION_SHIM),
+                ("_gpudeploy_lab_torchvision.pth", "import _gpudeploy_lab_torchvision\n")),
+)
+RECIPES = (VLLM, ROUTER, SGLANG)
 
 # The vLLM recipe's names as they were before there were recipes (tests/lab and bench use them).
 RECIPE_REVISION = VLLM.revision
@@ -144,6 +202,7 @@ UNINSTALL = VLLM.uninstall
 GUEST_PYTHON = VLLM.guest_python
 GUEST_MODEL = VLLM.guest_model
 ROUTER_GUEST_PYTHON = ROUTER.guest_python  # /opt/gpudeploy/engines/router/venv/bin/python3
+SGLANG_GUEST_PYTHON = SGLANG.guest_python  # /opt/gpudeploy/engines/sglang/venv/bin/python3
 
 
 def cache_key() -> str:
@@ -217,13 +276,19 @@ def ensure(recipe: Recipe, log: bool = True) -> Path:
     started = time.monotonic()
     run([PYTHON, "-m", "venv", str(recipe.venv_dir)], timeout=120, env=env)
     py = str(recipe.venv_dir / "bin" / "python3")
+    if recipe.base is not None:
+        _link_base(recipe, ensure(recipe.base, log))
+    if recipe.no_deps:
+        run([py, "-m", "pip", "install", "-q", "--no-deps", *recipe.no_deps], timeout=recipe.pip_timeout, env=env)
     run([py, "-m", "pip", "install", "-q", *recipe.packages], timeout=recipe.pip_timeout, env=env)
+    for name, text in recipe.site_files:
+        (_site_packages(recipe.venv_dir) / name).write_text(text)
     if recipe.uninstall:
         run([py, "-m", "pip", "uninstall", "-y", "-q", *recipe.uninstall], timeout=300, env=env)
     installed = time.monotonic()
     if log:
         size = du_bytes(recipe.venv_dir) / 1e6
-        print(f"lab: {recipe.title} venv ({', '.join(recipe.packages)}) installed in "
+        print(f"lab: {recipe.title} venv ({', '.join([*recipe.no_deps, *recipe.packages])}) installed in "
               f"{installed - started:.1f} s, {size:.0f} MB", flush=True)
     if recipe.model_script is not None:
         model_env = dict(env, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HOME=str(final / "hf-home"))
@@ -238,6 +303,20 @@ def ensure(recipe: Recipe, log: bool = True) -> Path:
     _link_current(recipe)
     remove_stale(recipe)
     return final
+
+
+def _site_packages(venv: Path) -> Path:
+    [site] = venv.glob("lib/python3*/site-packages")
+    return site
+
+
+def _link_base(recipe: Recipe, base_dir: Path) -> None:
+    """The base recipe's site-packages on this venv's path, through the base's "current" symlink and
+    relative to this site-packages, so it resolves the same on the main machine and in the hosts."""
+    assert recipe.base is not None
+    site = _site_packages(recipe.venv_dir)
+    target = recipe.base.link / "venv" / _site_packages(base_dir / "venv").relative_to(base_dir / "venv")
+    (site / f"zz-{recipe.base.name}-base.pth").write_text(os.path.relpath(target, site) + "\n")
 
 
 def _alias(recipe: Recipe) -> None:
@@ -269,8 +348,13 @@ def ensure_router(log: bool = True) -> Path:
     return ensure(ROUTER, log)
 
 
+def ensure_sglang(log: bool = True) -> Path:
+    """Build (once) the real SGLang CPU venv (and the vLLM one it builds on); return its folder."""
+    return ensure(SGLANG, log)
+
+
 def ensure_all(log: bool = True) -> list[Path]:
-    """Every recipe, in order (vLLM, then the router): what ``python -m gpudeploy_lab engine`` builds."""
+    """Every recipe, in order (vLLM, the router, SGLang): what ``python -m gpudeploy_lab engine`` builds."""
     if log:
         print(f"lab: engines for the hosts: {', '.join(r.title for r in RECIPES)}", flush=True)
     return [ensure(r, log) for r in RECIPES]

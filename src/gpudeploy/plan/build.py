@@ -14,7 +14,7 @@ from .flags import check_args, engine_version, flags_release, settings_args
 from .group import plan_groups, with_groups
 from .pd import pd_problems
 from .placement import Placement, place_host
-from .ports import assign_ports
+from .ports import assign_ports, port_span, uses_mooncake
 from .process_spec import spec_path, spec_text
 from .render import Renderer, control_problem, env_value, exec_line
 from .render import unit_text as description_text
@@ -185,6 +185,14 @@ def _unit(inv: Inventory, host: Host, deployment: str, role: Role, placed: Place
         # updates; journald and log files only split at "\n", so the whole capture would arrive as
         # one line when it ends. tqdm >= 4.66 takes TQDM_* variables as defaults: one line per update.
         env["TQDM_BAR_FORMAT"] = "{l_bar}{bar}{r_bar}\n"
+    if "mooncake_rpc" in my_ports:
+        # mooncake's RPC port, picked at random in this range: one range per engine on the host
+        env["MC_MIN_RPC_PORT"] = str(my_ports["mooncake_rpc"])
+        env["MC_MAX_RPC_PORT"] = str(my_ports["mooncake_rpc"] + port_span("mooncake_rpc") - 1)
+    if uses_mooncake(role):
+        # the address the peer of the pair (and its bootstrap) reaches this server at; SGLang guesses
+        # one from the interfaces otherwise, which on a host with several picks any of them
+        env["SGLANG_HOST_IP"] = host.address
     env.update(host.env)
     env.update(role.env)
     env_path = f"{ENV_DIR}/{stem}.env"

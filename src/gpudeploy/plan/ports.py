@@ -5,7 +5,12 @@ host's ``roles:`` list, counting from 0) gets HTTP 30000+10n and NCCL 30000+10n+
 bootstrap port 8998+n; the router 8000; the n-th command server 18000+10n. A role that spans hosts
 (``nnodes`` > 1) also gets the dist-init port 20000+10n, which only its leader binds (the
 torch.distributed store; with DP attention SGLang also takes the next five ports for its ZMQ
-sockets, hence the step of 10).
+sockets, hence the step of 10). A prefill or decode server whose KV transfer is mooncake's (SGLang's
+default backend, or mooncake_tcp) gets the RPC port range 24000+100n .. +99 (``mooncake_rpc``, its
+first port; handed to mooncake as MC_MIN_RPC_PORT/MC_MAX_RPC_PORT), so two engines on one host never
+pick the same RPC port: mooncake picks one at random in its range, 15000-17000 unless told. The range
+must lie in 1024-32767: mooncake-transfer-engine 0.3.13.post1 refuses anything else, measured here
+("Invalid port range [32700, 32799], falling back to default [15000, 17000]").
 """
 
 from __future__ import annotations
@@ -15,6 +20,21 @@ from ..model import Host, Role
 
 BASES = {"sglang": 30000, "command": 18000}
 DIST_INIT_BASE = 20000
+MOONCAKE_RPC_BASE = 24000
+MOONCAKE_RPC_PORTS = 100
+MOONCAKE_PORT_LIMITS = (1024, 32767)
+MOONCAKE_BACKENDS = ("mooncake", "mooncake_tcp")
+
+
+def uses_mooncake(role: Role) -> bool:
+    """A PD server whose KV cache crosses with mooncake's transfer engine (SGLang's default backend)."""
+    return role.engine == "sglang" and role.settings.get("disaggregation_mode") in ("prefill", "decode") \
+        and role.settings.get("disaggregation_transfer_backend", "mooncake") in MOONCAKE_BACKENDS
+
+
+def port_span(kind: str) -> int:
+    """How many ports from a port of this kind on are the unit's (a range for mooncake's RPC)."""
+    return MOONCAKE_RPC_PORTS if kind == "mooncake_rpc" else 1
 
 
 def assign_ports(host: Host, roles: dict[str, Role], problems: list[Problem]) -> dict[str, dict[str, int]]:
@@ -37,6 +57,8 @@ def assign_ports(host: Host, roles: dict[str, Role], problems: list[Problem]) ->
                     ports["bootstrap"] = 8998 + n
                 if role.nnodes > 1:
                     ports["dist_init"] = DIST_INIT_BASE + 10 * n
+                if uses_mooncake(role):
+                    ports["mooncake_rpc"] = MOONCAKE_RPC_BASE + MOONCAKE_RPC_PORTS * n
         ports.update(role.ports)
         out[role.name] = ports
     _check_collisions(host, roles, out, problems)
@@ -47,14 +69,22 @@ def _check_collisions(host: Host, roles: dict[str, Role], ports: dict[str, dict[
                       problems: list[Problem]) -> None:
     seen: dict[int, tuple[str, str]] = {}
     for role_name, named in ports.items():
-        for kind, port in named.items():
-            if port in seen:
-                other_role, other_kind = seen[port]
-                role = roles[role_name]
-                problems.append(Problem(
-                    f"port {port} ({kind}) is also the {other_kind} port of role {other_role!r} on this "
-                    "host; give one of them another port under ports:",
-                    file=role.file, line=role.lines.get("ports"), host=host.name, role=role_name,
-                    key=f"ports.{kind}"))
-            else:
+        role = roles[role_name]
+        for kind, first in named.items():
+            if kind == "mooncake_rpc":
+                low, high = MOONCAKE_PORT_LIMITS
+                if not low <= first <= high - MOONCAKE_RPC_PORTS + 1:
+                    problems.append(Problem(
+                        f"mooncake's RPC range {first}-{first + MOONCAKE_RPC_PORTS - 1} must lie within "
+                        f"{low}-{high} (mooncake falls back to 15000-17000 otherwise)", file=role.file,
+                        line=role.lines.get("ports"), host=host.name, role=role_name, key=f"ports.{kind}"))
+            for port in range(first, first + port_span(kind)):
+                if port in seen:
+                    other_role, other_kind = seen[port]
+                    problems.append(Problem(
+                        f"port {port} ({kind}) is also the {other_kind} port of role {other_role!r} on this "
+                        "host; give one of them another port under ports:",
+                        file=role.file, line=role.lines.get("ports"), host=host.name, role=role_name,
+                        key=f"ports.{kind}"))
+                    break
                 seen[port] = (role_name, kind)
