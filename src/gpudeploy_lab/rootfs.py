@@ -25,8 +25,9 @@ MIRROR_OVERRIDE = os.environ.get("GPUDEPLOY_LAB_MIRROR")
 PACKAGES = ("systemd", "systemd-sysv", "dbus", "libpam-systemd", "openssh-server", "python3",
             "iproute2", "procps", "netbase", "sudo",
             "libnuma1",  # vLLM's CPU build (engine.py, mounted at /opt/gpudeploy/engines) links libnuma
-            # mooncake's transfer engine (the SGLang recipe's PD transfer) loads libibverbs even for TCP
-            "libibverbs1", "libnl-3-200", "libnl-route-3-200")
+            # mooncake's transfer engine (the SGLang recipe's PD transfer) links libibverbs (loaded even for
+            # TCP) and libcurl
+            "libibverbs1", "libnl-3-200", "libnl-route-3-200", "libcurl4")
 
 # Units that only cost time or fail in a container with no network and no console.
 MASKED_UNITS = ("apt-daily.timer", "apt-daily-upgrade.timer", "e2scrub_all.timer", "e2scrub_reap.service",

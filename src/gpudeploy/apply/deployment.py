@@ -29,6 +29,7 @@ from ..supervisor import for_host
 from ..supervisor.base import Supervisor, UnitState
 from ..supervisor.process import PROCESS
 from ..supervisor.systemd import SYSTEMD
+from ..verify.gate import request_timeout
 from ..verify.group import GroupLinks, rank_words, root_cause
 from ..verify.http import status_of
 from ..verify.smoke import SmokeResult, smoke_test
@@ -211,8 +212,8 @@ def _run(sessions: dict[str, HostSession], units: list[Unit], secrets: dict[str,
         s.supervisor = for_host(host, s.facts)
         s.files = {u.name: desired_files(u, secrets, renderer, s.supervisor) for u in s.units}
         s.states = s.supervisor.states(s.facts)
-        s.healthy = {u.name: status_of(u.health_url, timeout=2.0, via=s.remote) == 200 for u in s.units
-                     if u.health_url and s.states[u.name].active}
+        s.healthy = {u.name: status_of(u.health_url, timeout=request_timeout(u), via=s.remote) == 200
+                     for u in s.units if u.health_url and s.states[u.name].active}
         found = preflight.problems(host, s.units, s.facts, s.states, s.supervisor, force=opts.force)
         found += [f"{r['from']} cannot reach {r['address']}:{r['port']} ({r['what']}) from {host.name}: "
                   f"{r['result']}" for r in s.facts.get("reach", []) if r["result"].startswith("unreachable")]

@@ -243,11 +243,52 @@ def _exit_words(msg: str) -> str:
     return msg.split("Main process exited, ", 1)[-1] if "Main process exited" in msg else msg
 
 
+# SGLang's /health runs a one-token generation and answers only after it has waited at least 1 s
+# for it, at most SGLANG_HEALTH_CHECK_TIMEOUT (20 s) before a 503 (0.5.23 http_server.py,
+# health_generate: `await asyncio.sleep(1)` before its first look). A request timeout of 1 s (as
+# with the stand-in, which answered at once) never saw the real server's 200.
+SGLANG_HEALTH_CHECK_S = 20.0
+HEALTH_MARGIN_S = 5.0
+
+
+def request_timeout(unit: Unit) -> float:
+    """How long one health request may take before it counts as no answer."""
+    if unit.role.engine != "sglang":
+        return 2.0
+    try:
+        own = float(unit.env.get("SGLANG_HEALTH_CHECK_TIMEOUT", SGLANG_HEALTH_CHECK_S))
+    except ValueError:
+        own = SGLANG_HEALTH_CHECK_S
+    return own + HEALTH_MARGIN_S
+
+
+def _ask(stop: threading.Event, ask: Callable[[], int | None]) -> int | None:
+    """``ask()`` in a thread of its own, given up (None) as soon as ``stop`` is set: a slow request
+    never delays a death, a fatal line or Ctrl-C; the abandoned request ends by its own timeout."""
+    box: list[int | None] = []
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            box.append(ask())
+        finally:
+            done.set()
+
+    threading.Thread(target=run, daemon=True).start()
+    while not done.wait(0.05):
+        if stop.is_set():
+            return None
+    return box[0] if box else None
+
+
 def _poll_health(unit: Unit, watch: _Watch, timeout: float, via: Transport) -> float | None:
+    per_request = request_timeout(unit)
+
     def attempt() -> bool:
         if watch.stop.is_set():
             return False
-        code = status_of(unit.health_url, timeout=1.0, via=via)  # through the host's ssh connection
+        # through the host's ssh connection
+        code = _ask(watch.stop, lambda: status_of(unit.health_url, timeout=per_request, via=via))
         if code == 503:
             watch.set_phase("warmup")
         return code == 200

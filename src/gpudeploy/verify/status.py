@@ -96,6 +96,11 @@ def _group_views(found: list[UnitStatus], units: tuple[Unit, ...], results: dict
                 s.healthy = False
 
 
+# SGLang's /health generates a token and answers after 1 s at the earliest (verify/gate.py); status
+# gives each server this long (all at once) before calling it down.
+STATUS_HTTP_S = 5.0
+
+
 def host_status(host: Host, units: list[Unit], deployment_names: list[str], default: str) -> list[UnitStatus]:
     journal_lines = max([log_format(u.role.log_format).journal_lines for u in units] + [60])
     # Health, and each router's /workers, are read on the host itself: one round trip, and the
@@ -104,7 +109,7 @@ def host_status(host: Host, units: list[Unit], deployment_names: list[str], defa
     http.update({f"{u.name}#workers": local_url(f"http://{u.host.address}:{u.ports['http']}/workers", host)
                  for u in units if u.role.engine == "sglang_router" and "http" in u.ports})
     spec = {"units": [u.name for u in units], "deployments": deployment_names, "journal_lines": journal_lines,
-            "http": http, "gpus": any(u.gpus for u in units)}
+            "http": http, "http_timeout": STATUS_HTTP_S, "gpus": any(u.gpus for u in units)}
     if host.connection == "ssh" and openssh.available():
         facts = probe(openssh.OpenSsh(host), spec)
     else:  # this machine itself, or paramiko where there is no OpenSSH client
@@ -155,7 +160,7 @@ def health_code(unit: Unit) -> str:
     """The HTTP status of the unit's health path as text, "down" when nothing answers, "-" without one."""
     if not unit.health_url:
         return "-"
-    code = status_of(unit.health_url, timeout=2.0)
+    code = status_of(unit.health_url, timeout=STATUS_HTTP_S)
     return "down" if code is None else str(code)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import socket
 import socketserver
 import time
@@ -195,6 +196,13 @@ def make_engine_handler(state: EngineState) -> type[BaseHandler]:
                 return
             if path in ("/health", "/health_generate"):
                 ok = state.phase == "ready"
+                # As SGLang 0.5.23 (http_server.py health_generate): while starting 503 at once; once up,
+                # a one-token generation and `await asyncio.sleep(1)` before its first look, so a 200
+                # never comes sooner than a second after the request (unless generation is turned off).
+                generation = os.environ.get("SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "1").lower() \
+                    not in ("0", "false", "no", "off")
+                if ok and (generation or path == "/health_generate"):
+                    time.sleep(1.0)
                 self.send_bytes(200 if ok else 503, b"", "text/plain")
             elif path == "/v1/models":
                 self.send_json(200, {"object": "list", "data": [{

@@ -384,6 +384,9 @@ def rank_script(plan: EnginePlan, rank: int, flt: str, k: float, shards: int = 1
         fail_at = n // 2 if ((fail and fail.phase == "graph") or (flt == "oom-graph" and rank == 0)
                              or (flt == "oom-graph-field" and rank == victim)) else -1
         die_at = n // 2 if (flt == "worker-dies" and rank == victim) else -1
+        # The other ranks capture in lockstep with the victim (every graph holds collectives): they
+        # wait at its batch size, never finish the capture and go on to warmup without it.
+        stuck_at = n // 2 if (flt == "oom-graph-field" and rank != victim) else -1
         for i, bs in enumerate(reversed(sizes), start=1):
             # cuda_graph_runner.py reads the free memory, then captures this batch size
             bar("desc", text=progress.capture_desc(bs, (plan.avail_after_pool - plan.graph_bytes * (i - 1) // n)
@@ -398,6 +401,9 @@ def rank_script(plan: EnginePlan, rank: int, flt: str, k: float, shards: int = 1
                 return die("graph", "Exception: " + graph_oom_text(int(7.5 * GIB), rp, free))
             if i == die_at:
                 acts.append({"op": "die", "signal": int(signal.SIGKILL)})
+            if i == stuck_at:
+                acts.append({"op": "hang"})
+                return done()
             bar("step")
         bar("close")
         used += plan.graph_bytes
