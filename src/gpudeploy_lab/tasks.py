@@ -20,9 +20,11 @@ from gpudeploy_lab.system import LabError
                           "rented GPU container), also beyond lab1..labN",
             "extra": "HOST[,...]: boot these too, beyond lab1..labN"})
 def up(c: Context, hosts: int = 3, private: str = "", no_systemd: str = "", extra: str = "") -> None:
-    """Boot lab hosts (systemd + sshd), with the real sglang-router they run, and wait until ready."""
+    """Boot lab hosts (systemd + sshd), with the real engines they run (SGLang, vLLM, the router), and wait."""
     try:
-        engine.ensure_router()  # ~8 s once, then cached: inventory/lab.yml's router is the real one
+        # once (~3 min on a fresh machine), then cached: inventory/lab-sglang.yml runs the real SGLang
+        # and the real router; inventory/lab.yml's router is the real one too
+        engine.ensure_all()
         control.up(hosts, private=control.parse_pairs(private), no_systemd=control.parse_names(no_systemd),
                    extra=control.parse_names(extra))
     except (LabError, ValueError) as exc:

@@ -269,6 +269,17 @@ def _run(sessions: dict[str, HostSession], units: list[Unit], secrets: dict[str,
             to_start.setdefault(u.host.name, []).append(u)
             say(f"[{u.host.name}/{u.role.name}] restarted with its group (another rank changed)")
 
+    # A router whose engines restart is restarted after them: its view of them is stale (the real
+    # sglang-router 0.3.2 kept their circuits open for 60 s and refused the smoke generation with
+    # "No available prefill workers (all circuits open or unhealthy)"). Restarting it is cheap.
+    restarting = {u.key for us in to_start.values() for u in us}
+    for u in units:
+        if u.role.engine == "sglang_router" and u.host.name in sessions and u not in to_start.get(u.host.name, []) \
+                and any(up.key in restarting for up, _ in upstreams_of(u, units)):
+            outcomes.pop(u.key, None)
+            to_start.setdefault(u.host.name, []).append(u)
+            say(f"[{u.host.name}/{u.role.name}] restarted after its engines (its view of them is stale)")
+
     def wave(routers: bool) -> None:
         links = GroupLinks(u for us in to_start.values() for u in us)
 
