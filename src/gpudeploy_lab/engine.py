@@ -181,15 +181,17 @@ sys.meta_path.insert(0, _BeforeTorchvision())
 # ask for torch 2.14.1 and CUDA builds), on top of the vLLM venv's CPU torch 2.13.0 and transformers
 # (its .pth), plus what 0.5.23 imports at startup although a CPU server never uses it (triton,
 # torchvision), the small packages it imports, mooncake's non-CUDA transfer engine for PD over TCP
-# (it needs Debian's libibverbs1 and libnl on the host: rootfs.py), and py-spy (gpudeploy's stall
-# report reads Python stacks with it). Versions as installed and run here on 2026-12-01.
+# (it needs Debian's libibverbs1 and libnl on the host: rootfs.py), py-spy (gpudeploy's stall
+# report reads Python stacks with it) and datasets (bench_serving's import). Versions as installed and run here on 2026-12-01.
 SGLANG = Recipe(
     name="sglang", title="SGLang 0.5.23 CPU engine", base=VLLM,
     no_deps=("sglang==0.5.23", "torchvision==0.28.0"),
     packages=("triton==3.9.0", "orjson==3.13.0", "xxhash==4.1.0", "zstandard==0.25.0",
               "python-dateutil==2.9.0.post0", "distro==1.9.0", "easydict==1.14", "blobfile==3.0.0",
               "gguf==0.19.0", "ipython==9.18.1", "build==1.6.1", "scipy==1.17.1", "soundfile==0.13.1",
-              "mooncake-transfer-engine-non-cuda==0.3.13.post1", "py-spy==0.4.1"),
+              "mooncake-transfer-engine-non-cuda==0.3.13.post1", "py-spy==0.4.1",
+              # sglang.bench_serving (the experiments' client) imports it for its dataset loaders
+              "datasets==5.2.0"),
     site_files=(("_gpudeploy_lab_torchvision.py", TORCHVISION_SHIM),
                 ("_gpudeploy_lab_torchvision.pth", "import _gpudeploy_lab_torchvision\n")),
 )

@@ -25,6 +25,8 @@ RESULT = (Path(__file__).parent / "data" / "sglang-0.5.23-bench_serving.jsonl").
 
 
 class FakeLab:
+    client_error: str | None = None  # the client's stderr when it fails (rc 1, no result file)
+
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.commands: list[list[str]] = []  # every command on the router's host, in order
         self.deployed: list[str] = []  # each deploy: every unit's argv, joined
@@ -92,5 +94,7 @@ class FakeRemote:
         if argv[1:3] == ["-I", "-c"]:  # benchdir's script: base, prefix
             return Result(0, json.dumps({"path": f"/root/.cache/gpudeploy/bench/{argv[-1]}q7x2k9"}) + "\n", "")
         if argv[0] == "cat":
-            return Result(0, RESULT, "")
+            return Result(0, RESULT, "") if self.lab.client_error is None else Result(1, "", "no such file")
+        if argv[0] == "timeout" and self.lab.client_error is not None:  # the client itself
+            return Result(1, "", self.lab.client_error)
         return Result(0, "", "")

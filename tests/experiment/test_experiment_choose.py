@@ -108,7 +108,7 @@ def test_store_show_and_plot(tmp_path: Path) -> None:
     store.finish_variant("c", "skipped", verdict="memory preflight predicts weights-do-not-fit", saved_s=120.0)
     doc = summary(store)
     assert doc["best"] == {"variant": "b", "concurrency": 8, "output_tok_s_per_gpu": 100.0 * 8 ** 0.5 * 2,
-                           "timing": "measured"}
+                           "timing": "measured (CPU)"}  # gpus=0: a CPU engine
     a = next(v for v in doc["variants"] if v["name"] == "a")
     assert a["best_concurrency"] == 4 and [lv["meets_slo"] for lv in a["levels"]] == [True, True, False]
     assert doc["minutes_saved_by_preflight"] == 2.0

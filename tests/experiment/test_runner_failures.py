@@ -111,3 +111,19 @@ def test_ctrl_c_while_the_units_are_watched_is_an_interruption_not_a_quiet_host(
     store = Store(load_experiment(path).results_dir)
     assert statuses(store) == {"a": "interrupted"}, statuses(store)
     assert len(lab.deployed) == 1 and "interrupted during the benchmark of variant a" in lab.out
+
+
+def test_a_client_that_gives_no_result_fails_its_variant_with_the_clients_own_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # SGLang's bench_serving without `datasets` exited at import: the variant was called "measured",
+    # with nothing measured.
+    lab = FakeLab(monkeypatch)
+    lab.client_error = "    from datasets import load_dataset\nModuleNotFoundError: No module named 'datasets'\n"
+    path = write(tmp_path, VARIANTS)
+    store = run_experiment(load_experiment(path), say=lab.say)
+    assert statuses(store) == {"a": "bench-failed", "b": "bench-failed"}
+    exp = load_experiment(path)
+    a = store.variant(key_of(exp, exp.variants[0])) or {}
+    assert "the benchmark client gave no result" in a["failure"]
+    assert "No module named 'datasets'" in a["failure"], a["failure"]
+    assert "== a: BENCHMARK FAILED: the client gave no result" in lab.out

@@ -253,6 +253,11 @@ def _variant(exp: Experiment, index: int, p: Planned, key: str, t: bench.Target,
     if broke is None and death:
         store.finish_variant(key, "failed-under-load", failure=f"{death.unit}: {death.cause}")
         say(f"== {v.name}: FAILED UNDER LOAD: {death.unit}: {death.cause}")
+    elif broke is None and not levels_of(store, key):
+        # the client ran but gave no figures at any level (it failed: its own output says why)
+        why = _client_failure(store, key)
+        store.finish_variant(key, "bench-failed", failure=f"the benchmark client gave no result: {why}")
+        say(f"== {v.name}: BENCHMARK FAILED: the client gave no result: {why}")
     elif broke is None:
         store.finish_variant(key, "measured")
         say(f"== {v.name}: measured")
@@ -286,6 +291,21 @@ def levels_of(store: Store, key: str) -> dict[int, dict[str, Any]]:
         if r.ok:
             by.setdefault(r.concurrency, []).append(r.figures)
     return {c: choose.aggregate(runs) for c, runs in by.items()}
+
+
+def _client_failure(store: Store, key: str) -> str:
+    """The last lines the client printed in the variant's last run (its own error), from the run's log."""
+    runs = store.runs(key)
+    if not runs:
+        return "it never ran"
+    last = runs[-1]
+    sub = last.variant if not last.key else f"{last.variant}-{last.key}"
+    try:
+        text = (store.folder / "raw" / sub / f"c{last.concurrency}-r{last.repeat}.log").read_text(errors="replace")
+    except OSError:
+        return "its log is missing"
+    tail = [line.strip() for line in text.splitlines() if line.strip() and not line.startswith(("$ ", "rc "))][-2:]
+    return " | ".join(tail) or "no output"
 
 
 def _ladder(exp: Experiment, p: Planned, key: str, t: bench.Target, store: Store, say: Say) -> Death | None:

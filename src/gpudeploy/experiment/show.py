@@ -11,6 +11,13 @@ SYNTHETIC = ("synthetic: the lab's SGLang stand-in engines send tokens on a made
              "TTFT/TPOT/tok/s measure gpudeploy's path and the router, not an engine")
 
 
+def timing(variant: dict[str, Any]) -> str:
+    """How far the token timing is the hardware's: the stand-in's schedule, a CPU engine's, a GPU's."""
+    if variant["synthetic"]:
+        return "synthetic"
+    return "measured (CPU)" if variant.get("gpus") == 0 else "measured"
+
+
 def summary(store: Store) -> dict[str, Any]:
     """The whole result as one document: what `show --json` prints and the table and plot are made of."""
     meta = store.meta()
@@ -44,7 +51,7 @@ def summary(store: Store) -> dict[str, Any]:
             "verdict": v["verdict"], "failure": v["failure"],
             "saved_min": round(v["saved_s"] / 60, 3) if v.get("saved_s") else None,
             "engine": v["engine"], "engine_release": v["engine_release"], "client": v["client"],
-            "synthetic": v["synthetic"], "timing": "synthetic" if v["synthetic"] else "measured",
+            "synthetic": v["synthetic"], "timing": timing(v),
             "gpus": v["gpus"], "deploy_s": round(v["deploy_s"], 1) if v.get("deploy_s") else None,
             "memory": v["memory"], "units": v["units"],
             "best_concurrency": best_c,
