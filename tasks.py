@@ -149,11 +149,14 @@ def plan(c, inventory=DEFAULT_INVENTORY, host=None, role=None, json_=False, sugg
             "max_fail_percent": "with --serial: stop when more than this share of deployments failed (default 0)",
             "json": "one JSON record per host and unit, and per deployment, on stdout",
             "only_failed": "deploy only the deployments the last deploy of this inventory did not make ready",
+            "rolling": "always roll changed engines through the router (default: when the deployment serves now)",
+            "no_rolling": "never roll: restart what changed",
+            "allow_downtime": "when there is no room for a rolling update, restart plainly instead of refusing",
             "forks": FORKS_HELP})
 @user_errors
 def deploy(c, host=None, inventory=DEFAULT_INVENTORY, role=None, deployment=None, force=False,  # type: ignore[no-untyped-def]
            timeout=None, keep_on_failure=False, check=False, serial=None, max_fail_percent=None, json_=False,
-           only_failed=False, forks=None):
+           only_failed=False, forks=None, rolling=False, no_rolling=False, allow_downtime=False):
     """Deploy whole deployments: every engine on every host, then the routers, then a real generation.
 
     --host H without --role deploys the deployments that have units on H, on all their hosts.
@@ -180,8 +183,11 @@ def deploy(c, host=None, inventory=DEFAULT_INVENTORY, role=None, deployment=None
         print(f"nothing is placed on {host or 'any host'}")
         return
     say_to = sys.stderr if json_ else sys.stdout
+    if rolling and no_rolling:
+        raise Exit("gpudeploy: --rolling and --no-rolling contradict each other", code=1)
     opts = Options(force=force, timeout_s=timeout_s, keep_on_failure=keep_on_failure, check=check,
-                   serial=batches, max_fail_percent=budget)
+                   serial=batches, max_fail_percent=budget, allow_downtime=allow_downtime,
+                   rolling="always" if rolling else "never" if no_rolling else "auto")
     try:
         with redirect_stdout(say_to):
             result = run_deploy(p, opts, None if check else calibration())

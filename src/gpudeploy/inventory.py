@@ -257,13 +257,14 @@ def load_role(path: Path, problems: list[Problem]) -> Role | None:
     engine = c.get("engine", str, required=True, default="command",
                    check=lambda v: None if v in ENGINES else f"unknown engine {v!r} (one of {', '.join(ENGINES)})")
     hc = c.child("health")
-    hc.unknown_keys({"path", "timeout_s", "interval_s"})
+    hc.unknown_keys({"path", "timeout_s", "interval_s", "drain_s"})
     default_health = "/readiness" if engine == "sglang_router" else "/health"
     health = Health(
         path=hc.get("path", str, default=default_health,
                     check=lambda v: None if v.startswith("/") else "must start with /"),
         timeout_s=hc.get("timeout_s", float, default=1200.0, check=_positive),
         interval_s=hc.get("interval_s", float, default=0.25, check=_positive),
+        drain_s=hc.get("drain_s", float, default=60.0, check=_positive),
     )
     ports_raw = c.get("ports", dict, default={}) or {}
     ports: dict[str, int] = {}

@@ -137,6 +137,7 @@ class Health:
     path: str = "/health"
     timeout_s: float = 1200.0
     interval_s: float = 0.25
+    drain_s: float = 60.0  # a rolling update: how long an engine's in-flight requests may take to finish
 
 
 @dataclass(frozen=True)

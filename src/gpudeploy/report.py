@@ -250,9 +250,11 @@ def deployment_line(dep: Any) -> str:
     smokes = [smoke(u, r) for u, r in dep.smoke]
     if dep.untouched:
         return f"deployment {dep.name}: NOT DEPLOYED, left untouched: {dep.failure}"
+    rolled = [f"    rolled: {step}" for step in getattr(dep, "rolled", [])]
     if dep.ok:
-        return f"deployment {dep.name}: READY" + ("".join(f"\n    {s}" for s in smokes))
-    lines = [f"deployment {dep.name}: FAILED: {dep.failure}", *(f"    {s}" for s in smokes)]
+        return f"deployment {dep.name}: READY" + "".join(f"\n{r}" for r in rolled) + \
+            "".join(f"\n    {s}" for s in smokes)
+    lines = [f"deployment {dep.name}: FAILED: {dep.failure}", *rolled, *(f"    {s}" for s in smokes)]
     if dep.stopped:
         lines.append("    stopped what this run started: " + ", ".join(dep.stopped))
     if dep.restored:

@@ -182,7 +182,8 @@ sys.meta_path.insert(0, _BeforeTorchvision())
 # (its .pth), plus what 0.5.23 imports at startup although a CPU server never uses it (triton,
 # torchvision), the small packages it imports, mooncake's non-CUDA transfer engine for PD over TCP
 # (it needs Debian's libibverbs1 and libnl on the host: rootfs.py), py-spy (gpudeploy's stall
-# report reads Python stacks with it) and datasets (bench_serving's import). Versions as installed and run here on 2026-12-01.
+# report reads Python stacks with it) and datasets (bench_serving's import). Versions as installed
+# and run here on 2026-12-01.
 SGLANG = Recipe(
     name="sglang", title="SGLang 0.5.23 CPU engine", base=VLLM,
     no_deps=("sglang==0.5.23", "torchvision==0.28.0"),

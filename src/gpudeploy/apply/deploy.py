@@ -59,6 +59,8 @@ class Options:
     check: bool = False  # show what would change (with diffs) and touch nothing
     serial: tuple[int | float, ...] = ()  # rolling batches of deployments (rollout.parse_serial)
     max_fail_percent: float = 0.0
+    rolling: str = "auto"  # auto: roll a serving deployment through its router; always; never
+    allow_downtime: bool = False  # no room to roll: restart plainly instead of refusing
 
 
 def secrets_for(plan: Plan) -> dict[str, str]:

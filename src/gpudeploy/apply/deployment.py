@@ -33,7 +33,7 @@ from ..verify.gate import request_timeout
 from ..verify.group import GroupLinks, rank_words, root_cause
 from ..verify.http import status_of
 from ..verify.smoke import SmokeResult, smoke_test
-from . import check, preflight, rollout
+from . import check, preflight, rolling, rollout
 from .deploy import Options, UnitOutcome, calibrate, desired_files, file_hashes, secrets_for, start_and_gate
 from .order import stop_rank, upstreams_of
 from .sessions import open_sessions
@@ -68,6 +68,7 @@ class DeploymentOutcome:
     smoke: list[tuple[Unit, SmokeResult]] = field(default_factory=list)
     stopped: list[str] = field(default_factory=list)  # host/role this run started and then stopped
     restored: list[str] = field(default_factory=list)  # host/role back on their previous files, and how that went
+    rolled: list[str] = field(default_factory=list)  # the steps of a rolling update through the router
     running: list[str] = field(default_factory=list)  # host/role left running after a failure
 
     def fail(self, why: str) -> None:
@@ -123,7 +124,7 @@ def deploy(plan: Plan, opts: Options, store: CalibrationStore | None = None,
             result.deployments[d].batch = number
         if len(plan_batches) > 1:
             say(f"-- batch {number} of {len(plan_batches)}{' (canary)' if number == 1 else ''}: {', '.join(batch)}")
-        _batch(units, secrets, renderer, opts, cancel, result, outcomes)
+        _batch(plan, units, secrets, renderer, opts, cancel, result, outcomes)
         tried += len(batch)
         failed += sum(1 for d in batch if not result.deployments[d].ok)
         if opts.serial and number < len(plan_batches) and rollout.over_budget(failed, tried, opts.max_fail_percent):
@@ -140,8 +141,8 @@ def deploy(plan: Plan, opts: Options, store: CalibrationStore | None = None,
     return result
 
 
-def _batch(units: list[Unit], secrets: dict[str, str], renderer: Renderer, opts: Options, cancel: Cancel,
-           result: DeployResult, outcomes: dict[str, UnitOutcome]) -> None:
+def _batch(plan: Plan, units: list[Unit], secrets: dict[str, str], renderer: Renderer, opts: Options,
+           cancel: Cancel, result: DeployResult, outcomes: dict[str, UnitOutcome]) -> None:
     """One batch of deployments: their hosts connected and locked for it, then the phases."""
     hosts = list({u.host.name: u.host for u in units}.values())
     with ExitStack() as stack:
@@ -149,7 +150,7 @@ def _batch(units: list[Unit], secrets: dict[str, str], renderer: Renderer, opts:
         stack.callback(show_progress, None)
         try:
             sessions = _open(hosts, units, opts, cancel, stack, result)
-            _run(sessions, units, secrets, renderer, opts, cancel, result, outcomes)
+            _run(plan, sessions, units, secrets, renderer, opts, cancel, result, outcomes)
         except Interrupted as exc:
             for host, res in exc.results.items():
                 if isinstance(res, GpudeployError):
@@ -194,8 +195,9 @@ def _host_failed(result: DeployResult, units: list[Unit], host: str, error: Gpud
         result.deployments[dep].fail(f"host {host} failed: {str(error).splitlines()[0]}")
 
 
-def _run(sessions: dict[str, HostSession], units: list[Unit], secrets: dict[str, str], renderer: Renderer,
-         opts: Options, cancel: Cancel, result: DeployResult, outcomes: dict[str, UnitOutcome]) -> None:
+def _run(plan: Plan, sessions: dict[str, HostSession], units: list[Unit], secrets: dict[str, str],
+         renderer: Renderer, opts: Options, cancel: Cancel, result: DeployResult,
+         outcomes: dict[str, UnitOutcome]) -> None:
     deps = result.deployments
 
     def live(host: str) -> list[HostSession]:
@@ -232,6 +234,12 @@ def _run(sessions: dict[str, HostSession], units: list[Unit], secrets: dict[str,
                                           s.healthy.get(u.name, False))
                 outcomes[u.key] = UnitOutcome(u, action, True, s.states[u.name].main_pid)
         return
+
+    rolled = _roll_serving(plan, sessions, units, secrets, renderer, opts, cancel, result, outcomes)
+    if rolled:
+        units = [u for u in units if u.deployment not in rolled]
+        for s in sessions.values():
+            s.units = [u for u in s.units if u.deployment not in rolled]
 
     def ok(u: Unit) -> bool:
         return deps[u.deployment].ok and u.host.name in sessions
@@ -334,6 +342,62 @@ def _current_files(remote: Transport, files: dict[str, tuple[bytes, int]]) -> di
             return {}
         out[path] = (res.stdout.encode(), mode)
     return out
+
+
+def _roll_serving(plan: Plan, sessions: dict[str, HostSession], units: list[Unit], secrets: dict[str, str],
+                  renderer: Renderer, opts: Options, cancel: Cancel, result: DeployResult,
+                  outcomes: dict[str, UnitOutcome]) -> set[str]:
+    """Deployments that serve now and whose engines changed are rolled through their router
+    (rolling.py) instead of restarted; returns those dealt with here (rolled, or refused for want
+    of room). A multi-node group is not rolled (its ranks restart together)."""
+    done: set[str] = set()
+    if opts.rolling == "never":
+        return done
+    views = {n: rolling.Session(s.host, s.remote, s.supervisor, s.facts, s.states) for n, s in sessions.items()}
+    files = {u.name: s.files[u.name] for s in sessions.values() for u in s.units}
+    for dep in sorted({u.deployment for u in units}):
+        mine = [u for u in units if u.deployment == dep]
+        if not result.deployments[dep].ok or any(u.host.name not in sessions for u in mine) \
+                or any(u.group is not None for u in mine):
+            continue
+        states = {u.name: sessions[u.host.name].states[u.name] for u in mine}
+        healthy = {u.name: sessions[u.host.name].healthy.get(u.name, False) for u in mine}
+        changed = rolling.changed_units(mine, files, {n: s.facts for n, s in sessions.items()}, states)
+        engines = [u for u in changed if u.role.engine != "sglang_router"]
+        if not engines or not rolling.serving(mine, states, healthy):
+            if opts.rolling == "always" and engines:
+                result.deployments[dep].fail("--rolling: it does not serve now (a router and every engine "
+                                             "healthy), so there is nothing to roll through")
+                done.add(dep)
+            continue
+        blocked = [(u, why) for u in engines for surge, why in [rolling.room(plan, u, views)] if surge is None]
+        if blocked and opts.allow_downtime:
+            say(f"-- {dep}: no room for a rolling update; restarting it plainly (--allow-downtime)")
+            continue
+        done.add(dep)
+        if blocked:
+            result.deployments[dep].fail(rolling.no_room_text(dep, blocked, states))
+            for u in mine:
+                outcomes[u.key] = UnitOutcome(u, "skipped", False, states[u.name].main_pid,
+                                              message="not changed: no room for a rolling update")
+            continue
+        say(f"-- {dep} serves now: rolling {', '.join(u.key for u in changed)} through "
+            f"{next(u.key for u in mine if u.role.engine == 'sglang_router')}")
+        r = rolling.roll(plan, mine, changed, views, files, secrets, renderer, opts, cancel)
+        dep_out = result.deployments[dep]
+        dep_out.rolled = r.steps
+        for o in r.outcomes:
+            outcomes[o.unit.key] = o
+        for u in mine:
+            outcomes.setdefault(u.key, UnitOutcome(u, "unchanged" if u not in changed else "skipped", u not in changed,
+                                                   states[u.name].main_pid,
+                                                   message="unchanged and healthy; not restarted"
+                                                   if u not in changed else "not rolled: the roll stopped before it"))
+        if not r.ok:
+            dep_out.fail(r.failure + (f" (new: {', '.join(r.new)}; still old: {', '.join(r.old)})"
+                                      if r.new or r.old else ""))
+        dep_out.running = sorted(u.key for u in mine)
+    return done
 
 
 def _group_first(outcomes: list[UnitOutcome]) -> list[UnitOutcome]:

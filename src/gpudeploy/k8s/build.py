@@ -321,7 +321,10 @@ def secret_env(deployment: str, secrets: Iterable[str]) -> list[dict[str, Any]]:
 
 def _public_env(u: Unit) -> dict[str, str]:
     # The device plugin gives the pod its GPUs, numbered from 0: the host's indices would name others.
-    return {k: v for k, v in u.env.items() if k not in RESERVED_ENV}
+    # The address the plan advertises for a host (SGLANG_HOST_IP) is no pod's: a pod has its own
+    # (SGLang finds it, or a host-network pod gets it from status.podIP: transport.py).
+    return {k: v for k, v in u.env.items() if k not in RESERVED_ENV
+            and not (k == "SGLANG_HOST_IP" and v == u.host.address)}
 
 
 def _mounts(role: Role, host_devices: bool) -> list[dict[str, Any]]:

@@ -129,24 +129,25 @@ def _refused(via: Transport, exc: ForwardingRefused) -> None:
             f"with {via.host.python or 'python3'}")
 
 
-def request(url: str, *, timeout: float, via: Transport | None = None, body: Any = None) -> Response | None:
-    """GET (or POST ``body`` as JSON) ``url``; None when nothing answers, or not in HTTP."""
+def request(url: str, *, timeout: float, via: Transport | None = None, body: Any = None,
+            method: str | None = None) -> Response | None:
+    """GET (or POST ``body`` as JSON, or ``method``) ``url``; None when nothing answers, or not in HTTP."""
+    verb = method or ("POST" if body is not None else "GET")
     if via is not None:
         url = local_url(url, via.host)
         if via in _REFUSED:
-            got = onhost.request(via, "post" if body is not None else "get", url, body, timeout)
+            got = onhost.request(via, verb.lower(), url, body, timeout)
             return Response(got.status, got.body.encode()) if got.status is not None else None
     conn, path = _connection(url, timeout, via)
     try:
         data = json.dumps(body).encode() if body is not None else None
-        conn.request("POST" if data is not None else "GET", path, body=data,
-                     headers={"Content-Type": "application/json"} if data is not None else {})
+        conn.request(verb, path, body=data, headers={"Content-Type": "application/json"} if data is not None else {})
         resp = conn.getresponse()
         return Response(resp.status, resp.read())
     except ForwardingRefused as exc:
         assert via is not None
         _refused(via, exc)
-        return request(url, timeout=timeout, via=via, body=body)
+        return request(url, timeout=timeout, via=via, body=body, method=method)
     except (OSError, http.client.HTTPException, ValueError, GpudeployError):
         # refused, reset, timed out, a port that speaks something else (BadStatusLine), a lost host
         return None

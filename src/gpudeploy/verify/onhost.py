@@ -17,15 +17,15 @@ from typing import Any
 from ..errors import GpudeployError
 from ..remote.base import Transport
 
-# argv: MODE URL BODY_JSON TIMEOUT MAX_EVENTS MAX_BYTES; MODE get | post | sse. One JSON line out:
+# argv: MODE URL BODY_JSON TIMEOUT MAX_EVENTS MAX_BYTES; MODE get | post | delete | sse. One JSON line out:
 # {"status", "body"} | {"status", "events", "first_event_s", "total_s", "cut"} | {"status": null, "error"}.
 SCRIPT = r"""
 import json, sys, time, urllib.error, urllib.request
 mode, url, body, timeout, max_events, max_bytes = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4]), \
     int(sys.argv[5]), int(sys.argv[6])
 opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-data = body.encode() if mode != "get" else None
-req = urllib.request.Request(url, data=data, method="GET" if mode == "get" else "POST",
+data = body.encode() if mode not in ("get", "delete") and body else None
+req = urllib.request.Request(url, data=data, method={"get": "GET", "delete": "DELETE"}.get(mode, "POST"),
                              headers={"Content-Type": "application/json"} if data else {})
 t0 = time.monotonic()
 try:

@@ -7,6 +7,7 @@ import json
 import os
 import socket
 import socketserver
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -158,6 +159,8 @@ class EngineState:
     phase: str = "warmup"  # warmup | ready | shutting_down
     created: int = field(default_factory=lambda: int(time.time()))
     requests: int = 0
+    in_flight: int = 0  # generation requests being answered now (/v1/loads)
+    lock: threading.Lock = field(default_factory=threading.Lock)
     fault: str = ""  # SGLANG_STANDIN_FAULT; the handlers act on "generate-500"
     tp: int = 1
 
@@ -223,6 +226,10 @@ def make_engine_handler(state: EngineState) -> type[BaseHandler]:
                     "internal_states": [{"max_total_num_tokens": state.max_total_num_tokens,
                                          "last_gen_throughput": 0.0}]})
                 self.send_json(200, info)
+            elif path == "/v1/loads":  # as 0.5.23 reports the load per DP rank (the fields gpudeploy reads)
+                self.send_json(200, {"version": state.version, "loads": [{
+                    "dp_rank": 0, "num_running_reqs": state.in_flight, "num_waiting_reqs": 0,
+                    "max_total_num_tokens": state.max_total_num_tokens}]})
             elif path == "/get_load":
                 self.send_json(200, [{"dp_rank": 0, "num_reqs": 0, "num_waiting_reqs": 0,
                                       "num_tokens": 0}])
@@ -254,12 +261,18 @@ def make_engine_handler(state: EngineState) -> type[BaseHandler]:
             if state.fault == "generate-500":
                 self.generation_500(path, req)
                 return
-            if path == "/generate":
-                self.generate(req)
-            elif path == "/v1/completions":
-                self.completions(req)
-            else:
-                self.chat(req)
+            with state.lock:
+                state.in_flight += 1
+            try:
+                if path == "/generate":
+                    self.generate(req)
+                elif path == "/v1/completions":
+                    self.completions(req)
+                else:
+                    self.chat(req)
+            finally:
+                with state.lock:
+                    state.in_flight -= 1
 
         # ------------------------------------------------------------------------ generation
 
