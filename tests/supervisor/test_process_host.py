@@ -277,3 +277,20 @@ def test_a_watch_of_a_quiet_server_ends_soon_after_its_reader_went_away(tmp_path
     t.start()
     t.join(5)
     assert not t.is_alive() and isinstance(ended[0], BrokenPipeError)
+
+
+def test_a_run_ended_by_a_stop_says_so_in_its_exit(tmp_path, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    # status --watch must not report a deploy's restart or a teardown as a crash
+    import json
+
+    from gpudeploy.supervisor import process_host
+
+    monkeypatch.setattr(process_host, "LOG_DIR", str(tmp_path / "log"))
+    monkeypatch.setattr(process_host, "RUNS_DIR", str(tmp_path / "run"))
+    (tmp_path / "log" / "u").mkdir(parents=True)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "log" / "u" / "r1.log").write_text("ready\n")
+    (tmp_path / "run" / "u.exit-r1.json").write_text('{"code": "killed", "status": "TERM", "stopped": true}')
+    process_host.watch([{"unit": "u", "run_id": "r1"}])
+    events = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert events[-1] == {"unit": "u", "exit": "Main process exited, code=killed, status=TERM, stopped"}

@@ -450,7 +450,8 @@ def watch(wanted: list[dict[str, Any]], tail: int | None = None) -> None:
                     _emit({"unit": r["unit"], "line": partial[r["unit"]].decode(errors="replace")})
                 info = exit_info or {"code": "exited", "status": "unknown"}
                 _emit({"unit": r["unit"], "exit": f"Main process exited, code={info['code']}, "
-                                                  f"status={info['status']}"})
+                                                  f"status={info['status']}" + (", stopped" if info.get("stopped")
+                                                                                else "")})
                 done.add(r["unit"])
         time.sleep(0.1)
 
