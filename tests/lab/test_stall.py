@@ -55,9 +55,12 @@ def test_a_sigstopped_real_server_is_reported_stalled_with_its_phase_and_stacks(
                                                                                 deployments: Deployments,
                                                                                 lab: Lab) -> None:
     # SIGSTOP of every process of the unit once it is loading: nothing moves, nothing dies. With
-    # on_stall: stop the gate gives up after stall_s (not the 300 s timeout), with the stacks of each
+    # on_stall: stop the gate gives up after the phase's stall_s (not the 300 s timeout), with the stacks of each
     # process read by py-spy --nonblocking (which reads a stopped process as well as a running one).
-    health = {"timeout_s": 300, "stall_s": 15, "on_stall": "stop", "py_spy": PY_SPY}
+    # "starting" keeps its 300 s: torch's imports alone take a while on two busy cores, with no line
+    later = {p: 20 for p in ("loading_weights", "allocating_kv_cache", "capturing_cuda_graphs",
+                             "starting_http_server", "warmup")}
+    health = {"timeout_s": 300, "stall_s": later, "on_stall": "stop", "py_spy": PY_SPY}
     inv = deployments.inventory("rstall", {"srv": real_role(health=health)}, host=fault_host)
     unit = unit_name("rstall", "srv")
     proc = subprocess.Popen([*INVOKE, "deploy", "--inventory", str(inv)], cwd=REPO, stdout=subprocess.PIPE,
@@ -85,11 +88,11 @@ def test_a_sigstopped_real_server_is_reported_stalled_with_its_phase_and_stacks(
     phases = re.findall(r"\[lab4/srv\]\s+[\d.]+s  ([a-z A-Z]+?)(?:  |$)", out, re.M)
     assert phases, out
     m = re.search(rf"cause: stalled in {re.escape(phases[-1])} for (\d+) s", out)
-    assert m and int(m.group(1)) >= 15, out
+    assert m and int(m.group(1)) >= 20, out
     # the stacks: one block per process of the unit, with py-spy's own thread and frame lines
     assert len(re.findall(r"\| pid \d+ \(", out)) >= 3, out  # launcher, scheduler, detokenizer
     assert re.search(r"\|\s+Thread \S+ \((?:idle|active)[^)]*\)", out), out
     assert re.search(r"\|\s+\S+ \(\S+\.py:\d+\)", out), out  # a frame: function (file.py:line)
     assert "the unit was stopped so its GPUs are free again" in out, out
     assert unit_pids(lab, fault_host, unit) == []
-    print(f"SIGSTOP -> 'stalled in {phases[-1]}' reported after {reported_at - stopped_at:.1f} s (stall_s 15)")
+    print(f"SIGSTOP -> 'stalled in {phases[-1]}' reported after {reported_at - stopped_at:.1f} s (stall_s 20)")
