@@ -304,13 +304,18 @@ def test_ctrl_c_ends_the_watch_with_130_through_the_command(tmp_path: Path) -> N
                             text=True)
     assert proc.stdout is not None
     seen = []
-    for line in proc.stdout:
-        seen.append(line)
-        if line.startswith("watching:"):
-            break
-    assert re.search(r"^t +here +web +not deployed", "".join(seen), re.M), seen  # status's own table first
-    proc.send_signal(signal.SIGINT)
-    rest, err = proc.communicate(timeout=30)
+    try:
+        for line in proc.stdout:
+            seen.append(line)
+            if line.startswith("watching:"):
+                break
+        assert re.search(r"^t +here +web +not deployed", "".join(seen), re.M), seen  # status's own table first
+        proc.send_signal(signal.SIGINT)
+        rest, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:  # a failed assertion must not leave the watch running
+            proc.kill()
+            proc.wait()
     assert proc.returncode == 130, (rest, err)
     assert "stopped watching (Ctrl-C); the watch changed nothing on the hosts" in rest
     assert "gpudeploy: interrupted" in err and "Traceback" not in err, err
