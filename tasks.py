@@ -2,7 +2,7 @@
 
     invoke plan     [--host H] [--role R] [--json]
     invoke deploy   [--host H] [--role R] [--check] [--force] [--timeout S]
-    invoke status   [--host H] [--role R] [--json]
+    invoke status   [--host H] [--role R] [--json] [--watch]
     invoke teardown [--host H] [--role R] [--purge]
     invoke logs     --host H --role R [--follow]
     invoke render   --target k8s [--out DIR] [--deployment D] [--image IMAGE] [--model-pvc NAME]
@@ -209,15 +209,26 @@ def deploy(c, host=None, inventory=DEFAULT_INVENTORY, role=None, deployment=None
 
 
 @task(help={**SELECT, "json": "one JSON document on stdout", "deployment": "only this deployment",
-            "forks": FORKS_HELP})
+            "forks": FORKS_HELP,
+            "watch": "keep watching until Ctrl-C (exit 130): states, health and the routers' workers; "
+                     "a death at once, with its cause"})
 @user_errors
-def status(c, inventory=DEFAULT_INVENTORY, host=None, role=None, deployment=None, json_=False, forks=None):  # type: ignore[no-untyped-def]
+def status(c, inventory=DEFAULT_INVENTORY, host=None, role=None, deployment=None, json_=False, forks=None,  # type: ignore[no-untyped-def]
+           watch=False):
     """Every gpudeploy unit by deployment: state, PID, uptime, ports, /health, the router's view of it."""
     from gpudeploy.errors import GpudeployError as Err
     from gpudeploy.verify.status import status as run_status
 
     set_forks(positive_int(forks, "--forks"))
+    if watch and json_:
+        raise Exit("gpudeploy: --watch is a live view and --json one document: use one of them", code=1)
     p, hosts, mates = plan_and_hosts(inventory, host, role, deployment)
+    if watch:
+        from gpudeploy.verify.watch import watch_status
+
+        watch_status(p, hosts, mates, status_text, keep=lambda s: (role is None or s.role == role)
+                     and (deployment is None or s.deployment == deployment))
+        return
     results = run_status(p, hosts, mates)
     if role is not None or deployment is not None:
         results = {h: (r if isinstance(r, Err) else [s for s in r if (role is None or s.role == role)

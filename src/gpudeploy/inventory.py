@@ -30,6 +30,8 @@ from .errors import InputError, Problem
 from .model import (
     ENGINES,
     LOG_FORMATS,
+    ON_STALL,
+    STALL_DEFAULTS_S,
     Health,
     Host,
     Inventory,
@@ -257,7 +259,7 @@ def load_role(path: Path, problems: list[Problem]) -> Role | None:
     engine = c.get("engine", str, required=True, default="command",
                    check=lambda v: None if v in ENGINES else f"unknown engine {v!r} (one of {', '.join(ENGINES)})")
     hc = c.child("health")
-    hc.unknown_keys({"path", "timeout_s", "interval_s", "drain_s"})
+    hc.unknown_keys({"path", "timeout_s", "interval_s", "drain_s", "stall_s", "on_stall", "py_spy"})
     default_health = "/readiness" if engine == "sglang_router" else "/health"
     health = Health(
         path=hc.get("path", str, default=default_health,
@@ -265,6 +267,10 @@ def load_role(path: Path, problems: list[Problem]) -> Role | None:
         timeout_s=hc.get("timeout_s", float, default=1200.0, check=_positive),
         interval_s=hc.get("interval_s", float, default=0.25, check=_positive),
         drain_s=hc.get("drain_s", float, default=60.0, check=_positive),
+        stall_s=_stall_s(hc),
+        on_stall=hc.get("on_stall", str, default="wait",
+                        check=lambda v: None if v in ON_STALL else f"one of {', '.join(ON_STALL)}"),
+        py_spy=hc.get("py_spy", str, check=_host_path),
     )
     ports_raw = c.get("ports", dict, default={}) or {}
     ports: dict[str, int] = {}
@@ -334,6 +340,32 @@ def load_role(path: Path, problems: list[Problem]) -> Role | None:
         stop_timeout_s=c.get("stop_timeout_s", float, default=30.0, check=_positive), log_format=log_format,
         python=python, smoke=smoke, kubernetes=kubernetes, lines=lines,
     )
+
+
+def _stall_s(hc: Checker) -> dict[str, float]:
+    """``health.stall_s``: seconds for every phase (``stall_s: 120``), or per phase with the phase's
+    name in snake case (``stall_s: {loading_weights: 900}``); phases not named keep their default."""
+    out = dict(STALL_DEFAULTS_S)
+    raw = hc.get("stall_s", (float, dict))
+    if isinstance(raw, float):
+        if _positive(raw):
+            hc.fail("must be a positive number of seconds", "stall_s")
+        else:
+            out = {phase: raw for phase in STALL_DEFAULTS_S}
+    elif isinstance(raw, dict):
+        keys = {phase.replace(" ", "_").lower(): phase for phase in STALL_DEFAULTS_S}
+        sc = hc.child("stall_s")
+        sc.unknown_keys(set(keys))
+        for key, phase in keys.items():
+            value = sc.get(key, float, check=lambda v: None if v > 0 else "must be a positive number of seconds")
+            if value is not None:
+                out[phase] = value
+    return out
+
+
+def _host_path(v: str) -> str | None:
+    """A path of a program on the host: absolute, one line."""
+    return control_problem(v) or (None if v.startswith("/") else "must be an absolute path on the host")
 
 
 SMOKE_ENDPOINTS = ("/generate", "/v1/completions", "/v1/chat/completions")

@@ -132,12 +132,37 @@ class Host:
         raise KeyError(gpu)
 
 
+# How long a start may show no progress (no log line, no new phase, checkpoint shard or CUDA-graph
+# batch) before the gate calls it stalled, per phase of verify/gate.py's PHASE_ORDER. Generous where
+# the log is silent by nature: under systemd a whole CUDA-graph capture is ONE journal record, written
+# when tqdm's bar closes (gpudeploy_lab/standin/progress.py), and captures take 12 s for a target and
+# 63 s for an EAGLE draft (sglang#10088), with torch.compile "tens of minutes" on DeepSeek (sglang#6830);
+# a multi-node rank waits for its peers while "starting"; checkpoint shards (~5 GB each) print a line
+# apiece. A real hang is longer still: sglang#6017's capture deadlock was noticed by torch's own
+# timeout after 30 minutes.
+STALL_DEFAULTS_S: dict[str, float] = {
+    "starting": 300.0,
+    "loading weights": 300.0,
+    "allocating KV cache": 300.0,
+    "capturing CUDA graphs": 900.0,
+    "starting HTTP server": 300.0,
+    "warmup": 300.0,
+}
+ON_STALL = ("wait", "stop")  # a stalled start is reported, then waited out to health.timeout_s, or stopped
+
+
 @dataclass(frozen=True)
 class Health:
     path: str = "/health"
     timeout_s: float = 1200.0
     interval_s: float = 0.25
     drain_s: float = 60.0  # a rolling update: how long an engine's in-flight requests may take to finish
+    stall_s: dict[str, float] = field(default_factory=lambda: dict(STALL_DEFAULTS_S))  # phase -> seconds
+    on_stall: str = "wait"
+    py_spy: str | None = None  # py-spy on the host, for a stalled server's Python stacks (else looked for)
+
+    def stall_after(self, phase: str) -> float:
+        return self.stall_s.get(phase, STALL_DEFAULTS_S.get(phase, max(STALL_DEFAULTS_S.values())))
 
 
 @dataclass(frozen=True)

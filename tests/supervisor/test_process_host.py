@@ -221,3 +221,76 @@ def _zombie(pid: int) -> bool:
 def _kill(pid: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
+
+
+def test_a_watch_with_a_tail_starts_at_the_runs_last_lines(tmp_path, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    # status --watch follows servers that may have logged for days: it reads their last lines, not all
+    import json
+
+    from gpudeploy.supervisor import process_host
+
+    monkeypatch.setattr(process_host, "LOG_DIR", str(tmp_path / "log"))
+    monkeypatch.setattr(process_host, "RUNS_DIR", str(tmp_path / "run"))
+    (tmp_path / "log" / "u").mkdir(parents=True)
+    (tmp_path / "log" / "u" / "r1.log").write_text("".join(f"line {i}\n" for i in range(100_000)))
+    process_host.watch([{"unit": "u", "run_id": "r1"}], tail=60)
+    events = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert [e["line"] for e in events if "line" in e] == [f"line {i}" for i in range(100_000 - 60, 100_000)]
+    assert "exit" in events[-1]
+
+
+def test_a_watch_of_a_quiet_server_ends_soon_after_its_reader_went_away(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # It wrote only when its server logged: beside an idle server it outlived every gate and watch
+    # that had started it, for as long as the server ran. Its keepalive now meets the broken pipe.
+    import sys
+    import threading
+
+    from gpudeploy.supervisor import process_host
+
+    monkeypatch.setattr(process_host, "LOG_DIR", str(tmp_path / "log"))
+    monkeypatch.setattr(process_host, "RUNS_DIR", str(tmp_path / "run"))
+    monkeypatch.setattr(process_host, "KEEPALIVE_S", 0.2)
+    monkeypatch.setattr(process_host, "alive", lambda pid, ticks: True)  # the server runs on, silent
+    (tmp_path / "run").mkdir()
+    (tmp_path / "log" / "u").mkdir(parents=True)
+    (tmp_path / "log" / "u" / "r1.log").write_text("")  # nothing to say: only the keepalive writes
+    (tmp_path / "run" / "u.json").write_text('{"run_id": "r1", "pid": 1, "start_ticks": 1, "log": "%s"}'
+                                             % (tmp_path / "log" / "u" / "r1.log"))
+
+    class Gone:
+        def write(self, text: str) -> int:
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def flush(self) -> None:
+            return None
+
+    ended: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            process_host.watch([{"unit": "u", "run_id": "r1"}], tail=10)
+        except BaseException as exc:  # the test reads what ended it
+            ended.append(exc)
+
+    monkeypatch.setattr(sys, "stdout", Gone())
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(5)
+    assert not t.is_alive() and isinstance(ended[0], BrokenPipeError)
+
+
+def test_a_run_ended_by_a_stop_says_so_in_its_exit(tmp_path, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    # status --watch must not report a deploy's restart or a teardown as a crash
+    import json
+
+    from gpudeploy.supervisor import process_host
+
+    monkeypatch.setattr(process_host, "LOG_DIR", str(tmp_path / "log"))
+    monkeypatch.setattr(process_host, "RUNS_DIR", str(tmp_path / "run"))
+    (tmp_path / "log" / "u").mkdir(parents=True)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "log" / "u" / "r1.log").write_text("ready\n")
+    (tmp_path / "run" / "u.exit-r1.json").write_text('{"code": "killed", "status": "TERM", "stopped": true}')
+    process_host.watch([{"unit": "u", "run_id": "r1"}])
+    events = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert events[-1] == {"unit": "u", "exit": "Main process exited, code=killed, status=TERM, stopped"}

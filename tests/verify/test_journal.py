@@ -75,3 +75,11 @@ def test_state_blocks_are_split_by_unit() -> None:
             f"Id={B.unit}\nActiveState=activating\nInvocationID={B.invocation}\n")
     states = parse_states(text)
     assert states[A.unit]["ActiveState"] == "failed" and states[B.unit]["ActiveState"] == "activating"
+
+
+def test_a_watch_with_a_tail_asks_journalctl_for_the_last_entries_not_the_first() -> None:
+    # status --watch follows servers that ran for days: their whole journal must not be replayed
+    assert journal_argv([A])[:7] == ["journalctl", "-f", "-o", "json", "--all", "--no-tail", "--no-pager"]
+    argv = journal_argv([A], tail=60)
+    assert argv[:8] == ["journalctl", "-f", "-o", "json", "--all", "-n", "60", "--no-pager"]
+    assert "--no-tail" not in argv and f"_SYSTEMD_INVOCATION_ID={A.invocation}" in argv

@@ -7,9 +7,11 @@ start time, a log file per run) is one new file implementing :class:`Supervisor`
   * ``start(transport, unit, was_active=, stop_timeout_s=)`` -> :class:`Run`: (re)start the unit
     from the files the plan rendered (already written by deploy) and name this run.
   * ``installed(transport)``: the unit files changed; make the supervisor read them again.
-  * ``watch(transport, runs, sinks)``: a context manager that feeds each run's log lines and its
-    exit to that run's :class:`Sink` (one stream for all runs on the host), and ``lost`` when the
-    host stops answering.
+  * ``watch(transport, runs, sinks, tail=, poll_s=)``: a context manager that feeds each run's log
+    lines and its exit to that run's :class:`Sink` (one stream for all runs on the host), and
+    ``lost`` when the host stops answering. From each run's first line, or with ``tail=N`` from
+    about its last N (following a server that has run for days, as ``status --watch`` does);
+    ``poll_s`` slows the supervisor's own state poll where the caller polls the host itself.
   * ``run_lines(transport, run)``: every line of one run, read directly, and
     ``logs(transport, unit, run_id, lines=, follow=)``: a stream of them for ``invoke logs``.
   * ``unit_file(unit)``: the (path, text) of the file it runs the unit from (a systemd unit, a
@@ -88,8 +90,8 @@ class Supervisor(Protocol):
 
     def start(self, transport: Transport, unit: str, *, was_active: bool, stop_timeout_s: float) -> Run: ...
 
-    def watch(self, transport: Transport, runs: list[Run], sinks: dict[str, Sink]
-              ) -> AbstractContextManager[object]: ...
+    def watch(self, transport: Transport, runs: list[Run], sinks: dict[str, Sink], *, tail: int | None = None,
+              poll_s: float | None = None) -> AbstractContextManager[object]: ...
 
     def run_lines(self, transport: Transport, run: Run) -> list[str]: ...
 

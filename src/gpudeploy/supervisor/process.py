@@ -62,17 +62,22 @@ def unit_state(name: str, uf: Mapping[str, Any]) -> UnitState:
 class ProcessWatch:
     """One stream for every run on the host (their logs and exits) and a light liveness poll."""
 
-    def __init__(self, transport: Transport, runs: list[Run], sinks: Mapping[str, Sink], python: str) -> None:
+    def __init__(self, transport: Transport, runs: list[Run], sinks: Mapping[str, Sink], python: str, *,
+                 tail: int | None = None, poll_s: float | None = None) -> None:
         self.transport = transport
         self.runs = runs
         self.sinks = sinks
         self.python = python
+        self.tail = tail
+        self.poll_s = poll_s if poll_s is not None else ALIVE_POLL_S
         self.done = threading.Event()
         self.stream: Stream | None = None
         self.errors: list[str] = []
 
     def __enter__(self) -> ProcessWatch:
-        arg = {"runs": [{"unit": r.unit, "run_id": r.invocation} for r in self.runs]}
+        arg: dict[str, Any] = {"runs": [{"unit": r.unit, "run_id": r.invocation} for r in self.runs]}
+        if self.tail is not None:
+            arg["tail"] = self.tail
         self.stream = self.transport.stream(_host_cmd("watch", arg, self.python))
         for target in (self._read, self._poll):
             threading.Thread(target=target, daemon=True).start()
@@ -87,6 +92,8 @@ class ProcessWatch:
         stream = self.stream
         assert stream is not None
         for event in json_lines(stream, self.done):
+            if isinstance(event, dict) and "unit" not in event:
+                continue  # the host side's keepalive
             try:
                 sink = self.sinks[event["unit"]]
                 if "line" in event:
@@ -97,7 +104,7 @@ class ProcessWatch:
                 self.errors.append(f"{type(exc).__name__}: {exc}")
 
     def _poll(self) -> None:
-        while not self.done.wait(ALIVE_POLL_S):
+        while not self.done.wait(self.poll_s):
             try:
                 self.transport.run(["true"], timeout=LOST_AFTER_S)
             except GpudeployError as exc:
@@ -140,8 +147,9 @@ class Process:
         return Run(unit, run["run_id"], int(run["pid"]), int(run["start_us"]), bool(run.get("restarted")),
                    tuple(str(n) for n in run.get("notes") or ()))
 
-    def watch(self, transport: Transport, runs: list[Run], sinks: dict[str, Sink]) -> ProcessWatch:
-        return ProcessWatch(transport, runs, sinks, transport.host.python or self.python)
+    def watch(self, transport: Transport, runs: list[Run], sinks: dict[str, Sink], *, tail: int | None = None,
+              poll_s: float | None = None) -> ProcessWatch:
+        return ProcessWatch(transport, runs, sinks, transport.host.python or self.python, tail=tail, poll_s=poll_s)
 
     def run_lines(self, transport: Transport, run: Run) -> list[str]:
         res = transport.run(["cat", "--", f"{LOG_DIR}/{run.unit}/{run.invocation}.log"], timeout=LOST_AFTER_S,

@@ -14,7 +14,9 @@ stop timeout, CPUs, limits, and the deployment/role/kind it belongs to). A run o
     SIGKILL to every process still in the server's session or descended from it, and to the PIDs
     recorded at gate time (workers that setsid away), each by PID and start time.
   * ``watch``: one stream of JSON lines for several runs: each run's log lines from the start of
-    its log, and its exit (with the status the monitor saw).
+    its log (or from about its last ``tail`` lines), and its exit (with the status the monitor saw);
+    a keepalive line when it has said nothing for a while, so it ends (on EPIPE) soon after the
+    reader went away instead of lingering beside a quiet server.
 
 Usage: python3 -c SOURCE start|stop|watch|logs JSON
 """
@@ -38,6 +40,8 @@ CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 # A log "line" without a newline (tqdm's progress bars redraw with \r only) is cut into pieces of at
 # most this many bytes, as journald cuts at its LineMax= (48K by default): never kept whole in memory.
 MAX_LINE = 48 * 1024
+KEEPALIVE_S = 2.0  # watch: the longest silence before it writes a line nobody routes (a broken pipe ends it)
+TAIL_BYTES = 256 * 1024  # watch with a tail: how far back from a log's end its last lines are looked for
 
 
 def stat_of(pid: int) -> dict[str, Any] | None:
@@ -383,19 +387,42 @@ def stop(units: list[str]) -> list[dict[str, Any]]:
     return [out[u] for u in units]
 
 
-def watch(wanted: list[dict[str, Any]]) -> None:
+def tail_offset(path: str, lines: int) -> int:
+    """Where the last ``lines`` lines of the file at ``path`` begin (looking back at most TAIL_BYTES)."""
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            start = max(0, size - TAIL_BYTES)
+            f.seek(start)
+            data = f.read()
+    except OSError:
+        return 0
+    ends = [i for i, b in enumerate(data) if b == 0x0A]
+    if data.endswith(b"\n"):
+        ends.pop()
+    if len(ends) >= lines:
+        return start + ends[-lines] + 1
+    return start if start == 0 else start + (ends[0] + 1 if ends else len(data))
+
+
+def watch(wanted: list[dict[str, Any]], tail: int | None = None) -> None:
     """Follow runs ({"unit", "run_id"}; the run files give their PID, start time and log) -> JSON
-    lines on stdout: {"unit", "line"} for each log line, then {"unit", "exit"}."""
+    lines on stdout: {"unit", "line"} for each log line, then {"unit", "exit"}; {"alive": true}
+    after KEEPALIVE_S of silence."""
     runs = []
     for w in wanted:
         run = read_json(f"{RUNS_DIR}/{w['unit']}.json") or {}
         if run.get("run_id") != w["run_id"]:  # replaced already: treat this run as over
             run = {"pid": 0, "start_ticks": 0, "log": f"{LOG_DIR}/{w['unit']}/{w['run_id']}.log"}
         runs.append({**run, **w})
-    offsets = {r["unit"]: 0 for r in runs}
+    offsets = {r["unit"]: tail_offset(r["log"], tail) if tail is not None else 0 for r in runs}
     partial = {r["unit"]: b"" for r in runs}
     done: set[str] = set()
+    said = time.monotonic()
     while len(done) < len(runs):
+        if time.monotonic() - said >= KEEPALIVE_S:
+            _emit({"alive": True})
+            said = time.monotonic()
         for r in runs:
             if r["unit"] in done:
                 continue
@@ -415,6 +442,7 @@ def watch(wanted: list[dict[str, Any]]) -> None:
             for line in lines:
                 for at in range(0, max(1, len(line)), MAX_LINE):
                     _emit({"unit": r["unit"], "line": line[at:at + MAX_LINE].decode(errors="replace")})
+                    said = time.monotonic()
             exit_info = read_json(f"{RUNS_DIR}/{r['unit']}.exit-{r['run_id']}.json")
             ended = exit_info is not None or not alive(r["pid"], r["start_ticks"])
             if ended and not data:  # everything the log had before the end has been sent
@@ -422,7 +450,8 @@ def watch(wanted: list[dict[str, Any]]) -> None:
                     _emit({"unit": r["unit"], "line": partial[r["unit"]].decode(errors="replace")})
                 info = exit_info or {"code": "exited", "status": "unknown"}
                 _emit({"unit": r["unit"], "exit": f"Main process exited, code={info['code']}, "
-                                                  f"status={info['status']}"})
+                                                  f"status={info['status']}" + (", stopped" if info.get("stopped")
+                                                                                else "")})
                 done.add(r["unit"])
         time.sleep(0.1)
 
@@ -507,6 +536,10 @@ if __name__ == "__main__":
         for result in stop(arg["units"]):
             _emit(result)
     elif command == "watch":
-        watch(arg["runs"])
+        try:
+            watch(arg["runs"], arg.get("tail"))
+        except BrokenPipeError:  # the reader went away: nothing is left to do
+            with contextlib.suppress(OSError):
+                os.close(1)
     elif command == "logs":
         logs(arg["unit"], arg["run_id"], int(arg["lines"]), bool(arg["follow"]))

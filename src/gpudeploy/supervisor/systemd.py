@@ -58,13 +58,15 @@ def run_lines(remote: Transport, invocation: str, timeout_s: float = LOST_AFTER_
     return res.stdout.splitlines()
 
 
-def journal_argv(runs: list[Run]) -> list[str]:
+def journal_argv(runs: list[Run], tail: int | None = None) -> list[str]:
     """One follow stream for every run: its own lines, plus systemd's messages about each unit.
 
     journalctl ORs matches of one field and ``+`` ORs the groups; ``--all`` keeps fields longer
-    than 4096 bytes (without it they come as null); ``--no-tail`` starts at the first match.
+    than 4096 bytes (without it they come as null); ``--no-tail`` starts at the first match,
+    ``-n N`` at the last N entries of them all.
     """
-    argv = ["journalctl", "-f", "-o", "json", "--all", "--no-tail", "--no-pager"]
+    start = ["-n", str(tail)] if tail is not None else ["--no-tail"]
+    argv = ["journalctl", "-f", "-o", "json", "--all", *start, "--no-pager"]
     argv += [f"_SYSTEMD_INVOCATION_ID={r.invocation}" for r in runs]
     argv.append("+")
     argv += [f"UNIT={r.unit}" for r in runs]
@@ -125,17 +127,20 @@ def parse_states(text: str) -> dict[str, dict[str, str]]:
 class Watch:
     """Follows several runs on one host: one journal stream, one state poll, events to sinks."""
 
-    def __init__(self, remote: Transport, runs: list[Run], sinks: Mapping[str, Sink]) -> None:
+    def __init__(self, remote: Transport, runs: list[Run], sinks: Mapping[str, Sink], *, tail: int | None = None,
+                 poll_s: float | None = None) -> None:
         self.remote = remote
         self.runs = {r.unit: r for r in runs}
         self.sinks = sinks
+        self.tail = tail
+        self.poll_s = poll_s if poll_s is not None else STATE_POLL_S
         self.done = threading.Event()
         self.chan: Any = None
         self.threads: list[threading.Thread] = []
         self.errors: list[str] = []
 
     def __enter__(self) -> Watch:
-        self.chan = self.remote.stream(journal_argv(list(self.runs.values())))
+        self.chan = self.remote.stream(journal_argv(list(self.runs.values()), self.tail))
         self.threads = [threading.Thread(target=self._read, daemon=True),
                         threading.Thread(target=self._poll, daemon=True)]
         for t in self.threads:
@@ -169,7 +174,7 @@ class Watch:
 
     def _poll(self) -> None:
         argv = ["systemctl", "show", "-p", STATE_PROPS, "--", *self.runs]
-        while not self.done.wait(STATE_POLL_S):
+        while not self.done.wait(self.poll_s):
             try:
                 res = self.remote.run(argv, timeout=LOST_AFTER_S, check=False)
             except GpudeployError as exc:
@@ -214,8 +219,9 @@ class Systemd:
     def start(self, transport: Transport, unit: str, *, was_active: bool, stop_timeout_s: float) -> Run:
         return restart(transport, unit, was_active=was_active, stop_timeout_s=stop_timeout_s)
 
-    def watch(self, transport: Transport, runs: list[Run], sinks: dict[str, Sink]) -> Watch:
-        return Watch(transport, runs, sinks)
+    def watch(self, transport: Transport, runs: list[Run], sinks: dict[str, Sink], *, tail: int | None = None,
+              poll_s: float | None = None) -> Watch:
+        return Watch(transport, runs, sinks, tail=tail, poll_s=poll_s)
 
     def run_lines(self, transport: Transport, run: Run) -> list[str]:
         return run_lines(transport, run.invocation)

@@ -5,7 +5,9 @@ Per host, every run started in one wave is gated together. The supervisor's ``wa
 watcher per run (a :class:`~gpudeploy.supervisor.base.Sink`) from one log stream and one state
 poll; each run's HTTP poll is a tenacity retry whose sleep is ``Event.wait`` on that
 watcher's ``stop``, so a death, a fatal line or Ctrl-C (the command's one :class:`Cancel`) wakes
-it at once.
+it at once. A run whose log shows no progress for the phase's ``health.stall_s`` is reported as
+stalled, with its last lines and its processes' Python stacks (``stall.py``, ``stacks.py``), and
+waited on or stopped, as the role's ``health.on_stall`` says.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import tenacity
 from tenacity import retry_if_result, stop_after_delay, wait_exponential
 
 from ..errors import GpudeployError
-from ..fanout import Cancel
+from ..fanout import Cancel, say
 from ..model import Unit
 from ..progress import progress_of
 from ..remote.base import Transport
@@ -28,6 +30,8 @@ from ..supervisor.base import Run, Supervisor
 from .causes import Cause, FlagName, classify, fatal_rule, log_format, phase_of
 from .group import GroupLinks, rank_words
 from .http import status_of
+from .stacks import python_stacks
+from .stall import LAST_LINES, Clock, Stall
 
 
 # Readiness must be seen within 1 s of /health turning 200: back off from 50 ms to at most the
@@ -50,6 +54,9 @@ PHASE_ORDER = ("starting", "loading weights", "allocating KV cache", "capturing 
 OnPhase = Callable[[Unit, str, float, str, "float | None"], None]
 # (unit, its result): called as each unit's gate ends, while the others of the wave may still wait
 OnDone = Callable[[Unit, "GateResult"], None]
+# (unit, what to say): a start that stalled and is waited on (health.on_stall: wait), or moves again
+OnStall = Callable[[Unit, str], None]
+STALL_CHECK_S = 1.0  # how often each gate asks its run's clock whether it stalled
 
 
 @dataclass
@@ -84,12 +91,22 @@ class _Watch:
         self.died_at: float | None = None
         self.lock = threading.Lock()
         self.fmt = log_format(unit.role.log_format)
+        self.clock = Clock()  # the last sign of progress
+        self.stall: Stall | None = None  # the last stall reported
+        self.stalled = False  # the gate gave up on a stall (health.on_stall: stop)
+        self.on_resume: Callable[[float], None] = lambda quiet_s: None
+
+    def moved(self) -> None:
+        was = self.clock.moved()
+        if was is not None:
+            self.on_resume(was)
 
     def set_phase(self, phase: str) -> None:
         with self.lock:
             if PHASE_ORDER.index(phase) <= PHASE_ORDER.index(self.phase):
                 return
             self.phase = phase
+        self.moved()
         self.on_phase(self.unit, phase, time.monotonic() - self.t0, "", None)
 
     # -- Sink ------------------------------------------------------------------------------------
@@ -98,6 +115,7 @@ class _Watch:
             return
         text = ANSI.sub("", text)  # sglang-router colours its log even without a terminal
         self.lines.append(text)
+        self.moved()  # a line, and so a shard or a CUDA-graph batch, is progress
         phase = phase_of(text, self.fmt)
         if phase:
             self.set_phase(phase)
@@ -131,11 +149,13 @@ class _Watch:
 def gate_runs(remote: Transport, supervisor: Supervisor, runs: list[tuple[Unit, Run]], *, on_phase: OnPhase,
               flag_name: Callable[[Unit], FlagName], timeout_s: float | None = None,
               cancel: Cancel | None = None, links: GroupLinks | None = None,
-              on_done: OnDone | None = None) -> dict[str, GateResult]:
+              on_done: OnDone | None = None, on_stall: OnStall | None = None) -> dict[str, GateResult]:
     """Gate every run of ``runs`` (all on ``remote``'s host) at once; unit name -> result.
 
     ``links`` joins the gates of a multi-node group's ranks on other hosts to these; ``on_done`` hears
-    each unit's result as soon as it is known (a death is said then, not when the slowest is ready)."""
+    each unit's result as soon as it is known (a death is said then, not when the slowest is ready);
+    ``on_stall`` hears a stall that is waited on, and its end (default: said as a line of its own)."""
+    tell = on_stall or _say_stall
     watches = {u.name: _Watch(u, r, on_phase, links) for u, r in runs}
     for w in watches.values():
         if cancel is not None:
@@ -145,6 +165,8 @@ def gate_runs(remote: Transport, supervisor: Supervisor, runs: list[tuple[Unit, 
     results: dict[str, GateResult] = {}
 
     def one(w: _Watch) -> None:
+        w.on_resume = lambda quiet_s: tell(w.unit, f"moving again after {quiet_s:.0f} s stalled in {w.phase}")
+        threading.Thread(target=_watch_for_stall, args=(remote, supervisor, w, tell), daemon=True).start()
         try:
             results[w.unit.name] = _gate_one(remote, supervisor, w, flag_name(w.unit), timeout_s, cancel)
         except Exception as exc:  # never lose the other units' results to one unit's surprise
@@ -210,6 +232,8 @@ def _gate_one(remote: Transport, supervisor: Supervisor, watch: _Watch, flag_nam
         cause = classify(watch.lines, dict(unit.role.settings), flag_name, exited=watch.exit_words is not None,
                          exit_status=_exit_words(watch.exit_words or ""), fmt=watch.fmt)
         return GateResult(False, watch.phase, elapsed, cause, watch.lines, died_at=watch.died_at)
+    if watch.stalled and watch.stall is not None:
+        return GateResult(False, watch.phase, elapsed, watch.stall.cause(), watch.lines)
     first = watch.links.failure_of(unit) if watch.links is not None else None
     if first is not None and first != unit.key:
         cause = Cause("group-failed", f"another rank of this {unit.group.nnodes if unit.group else '?'}-node group "
@@ -217,10 +241,37 @@ def _gate_one(remote: Transport, supervisor: Supervisor, watch: _Watch, flag_nam
                       tuple(watch.lines[-3:]), "the group's cause is that rank's: see it in the report")
         return GateResult(False, watch.phase, elapsed, cause, watch.lines)
     tail = tuple(watch.lines[-8:])
-    cause = Cause("timeout", f"not ready after {timeout:g} s; last phase reached: {watch.phase}", tail,
+    quiet = watch.clock.still_for()
+    still = f" (nothing moved there for the last {quiet:.0f} s)" if watch.stall is not None else ""
+    cause = Cause("timeout", f"not ready after {timeout:g} s; last phase reached: {watch.phase}{still}", tail,
                   "raise health.timeout_s in the role if the model is just slow to load; otherwise the "
                   "server hangs in that phase: `invoke logs` shows the whole run")
     return GateResult(False, watch.phase, elapsed, cause, watch.lines)
+
+
+def _watch_for_stall(remote: Transport, supervisor: Supervisor, watch: _Watch, tell: OnStall) -> None:
+    """Until the gate ends: when the run has not moved for its phase's ``health.stall_s``, read its
+    stacks and report it; with ``health.on_stall: stop`` the gate then gives up on it."""
+    health = watch.unit.role.health
+    while not watch.stop.wait(STALL_CHECK_S):
+        quiet = watch.clock.stalled(health.stall_after(watch.phase))
+        if quiet is None:
+            continue
+        stacks = python_stacks(remote, supervisor, watch.unit)  # bounded: stacks.DUMP_TIMEOUT_S, at once
+        if watch.stop.is_set():
+            return  # it died, got ready or Ctrl-C meanwhile: that is the news, not the stall
+        stall = Stall(watch.phase, quiet, tuple(watch.lines[-LAST_LINES:]), stacks, health.on_stall)
+        watch.stall = stall
+        if health.on_stall == "stop":
+            watch.stalled = True
+            watch.stop.set()
+            return
+        tell(watch.unit, stall.report())
+
+
+def _say_stall(unit: Unit, text: str) -> None:
+    first, *rest = text.splitlines()
+    say("\n".join([f"[{unit.key}] {first}", *(f"    {line}" for line in rest)]))
 
 
 def _hear_own_death(watch: _Watch, cancel: Cancel | None) -> None:

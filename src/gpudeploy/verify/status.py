@@ -35,6 +35,7 @@ class UnitStatus:
     orphans: list[dict[str, Any]] = field(default_factory=list)
     last_failure: str | None = None
     next_step: str | None = None
+    failure_lines: list[str] = field(default_factory=list)  # the run's own lines that show the failure
     address: str = ""
     workers: list[dict[str, Any]] | None = None  # a router's own view of its workers (/workers)
     gpu_memory: dict[int, float] = field(default_factory=dict)  # GPU -> GiB its run's processes hold (NVML)
@@ -61,10 +62,16 @@ def status(plan: Plan, hosts: list[Host], group_hosts: tuple[str, ...] = ()
     names = sorted(deployments(plan.inventory))
     results = for_each_host(hosts, lambda h: host_status(h, by_host[h.name], [] if h.name in group_hosts else names,
                                                          plan.inventory.deployment))
+    across_hosts(results, plan.units)
+    return results
+
+
+def across_hosts(results: dict[str, list[UnitStatus] | GpudeployError], units: tuple[Unit, ...]) -> None:
+    """What one host's statuses cannot say alone: how each router sees each engine, and a
+    multi-node group that is down on another host."""
     found = [s for r in results.values() if not isinstance(r, GpudeployError) for s in r]
     _router_views(found)
-    _group_views(found, plan.units, results)
-    return results
+    _group_views(found, units, results)
 
 
 def _group_views(found: list[UnitStatus], units: tuple[Unit, ...], results: dict[str, Any]) -> None:
@@ -101,20 +108,32 @@ def _group_views(found: list[UnitStatus], units: tuple[Unit, ...], results: dict
 STATUS_HTTP_S = 5.0
 
 
-def host_status(host: Host, units: list[Unit], deployment_names: list[str], default: str) -> list[UnitStatus]:
-    journal_lines = max([log_format(u.role.log_format).journal_lines for u in units] + [60])
-    # Health, and each router's /workers, are read on the host itself: one round trip, and the
-    # servers' ports need not be open to the operator's machine.
+def probe_spec(host: Host, units: list[Unit], deployment_names: list[str], *, light: bool = False) -> dict[str, Any]:
+    """What the host probe is asked for status: every unit's state, the health of each and each
+    router's /workers, read on the host itself (one round trip, and the servers' ports need not be
+    open to the operator's machine); a failed run's last lines and the GPUs' processes unless
+    ``light`` (status --watch's periodic poll: its runs' lines come from their stream)."""
     http = {u.name: local_url(u.health_url, host) for u in units if u.health_url}
     http.update({f"{u.name}#workers": local_url(f"http://{u.host.address}:{u.ports['http']}/workers", host)
                  for u in units if u.role.engine == "sglang_router" and "http" in u.ports})
-    spec = {"units": [u.name for u in units], "deployments": deployment_names, "journal_lines": journal_lines,
-            "http": http, "http_timeout": STATUS_HTTP_S, "gpus": any(u.gpus for u in units)}
+    journal_lines = 1 if light else max([log_format(u.role.log_format).journal_lines for u in units] + [60])
+    return {"units": [u.name for u in units], "deployments": deployment_names, "journal_lines": journal_lines,
+            "http": http, "http_timeout": STATUS_HTTP_S, "gpus": not light and any(u.gpus for u in units)}
+
+
+def host_status(host: Host, units: list[Unit], deployment_names: list[str], default: str) -> list[UnitStatus]:
+    spec = probe_spec(host, units, deployment_names)
     if host.connection == "ssh" and openssh.available():
         facts = probe(openssh.OpenSsh(host), spec)
     else:  # this machine itself, or paramiko where there is no OpenSSH client
         with connect(host) as remote:
             facts = probe(remote, spec)
+    return [s for s, _ in read_facts(host, units, facts, default)]
+
+
+def read_facts(host: Host, units: list[Unit], facts: dict[str, Any], default: str
+               ) -> list[tuple[UnitStatus, UnitState]]:
+    """The probe's facts -> each unit's status, with its supervisor's own view of it (its run)."""
     states = for_host(host, facts).states(facts)
     planned = {u.name: u for u in units}
     out = []
@@ -130,7 +149,7 @@ def host_status(host: Host, units: list[Unit], deployment_names: list[str], defa
         workers = facts.get("http", {}).get(f"{name}#workers")
         if workers is not None and workers.get("status") == 200:
             s.workers = parse_workers(workers.get("json"))
-        out.append(s)
+        out.append((s, st))
     return out
 
 
@@ -173,11 +192,12 @@ def _status(host: Host, st: UnitState, unit: Unit | None, health: str, now: floa
     orphans = list(st.recorded_alive) if not st.active else []
     orphans += [p for p in st.procs if not st.active and p not in orphans]
     failure = next_step = None
+    evidence: list[str] = []
     if st.failed:
         cause = classify(st.log_tail, dict(unit.role.settings) if unit else {}, exited=True,
                          exit_status=st.exit_words, fmt=log_format(unit.role.log_format if unit else None))
         if cause:
-            failure, next_step = cause.summary, cause.next_step
+            failure, next_step, evidence = cause.summary, cause.next_step, list(cause.evidence)
     elif record.get("state") == "failed" and record.get("cause"):
         failure = record["cause"].get("summary")
         next_step = record["cause"].get("next_step")
@@ -188,7 +208,8 @@ def _status(host: Host, st: UnitState, unit: Unit | None, health: str, now: floa
         state=f"{st.state}/{st.detail}" if st.installed else "not deployed",
         main_pid=st.main_pid, uptime_s=uptime,
         ports=dict(unit.ports) if unit else {}, health=health, healthy=st.active and health == "200",
-        deployed=st.installed, procs=st.procs, orphans=orphans, last_failure=failure, next_step=next_step)
+        deployed=st.installed, procs=st.procs, orphans=orphans, last_failure=failure, next_step=next_step,
+        failure_lines=evidence)
 
 
 def fmt_uptime(seconds: float | None) -> str:
