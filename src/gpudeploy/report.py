@@ -388,3 +388,25 @@ def facts_text(results: dict[str, Any], hosts: dict[str, Any]) -> tuple[str, boo
             ok = ok and not problems
             out += [f"  DIFFERS FROM THE INVENTORY: {p}" for p in problems] or ["  matches the inventory's GPUs"]
     return "\n".join(out), ok
+
+
+def roles_text(found: list[Any]) -> str:
+    """`gpudeploy roles`: each role a placement may name, its engine and description, and its file."""
+    import yaml
+
+    rows = [("ROLE", "ENGINE", "DESCRIPTION", "FROM")]
+    for r in found:
+        try:
+            doc = yaml.safe_load(r.path.read_text()) or {}
+        except (OSError, yaml.YAMLError):
+            doc = {}
+        doc = doc if isinstance(doc, dict) else {}
+        where = "packaged" if r.source == "packaged" else str(r.path) + ("  (overrides the packaged one)"
+                                                                          if r.overrides else "")
+        rows.append((r.name, str(doc.get("engine", "?")), str(doc.get("description", ""))[:48], where))
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    lines = ["  ".join([*(c.ljust(w) for c, w in zip(row[:3], widths, strict=True)), row[3]]) for row in rows]
+    packaged = next((r.path.parent for r in found if r.source == "packaged"), None)
+    if packaged is not None:
+        lines.append(f"packaged roles: {packaged}; a file of the same name in the inventory's roles_dir overrides one")
+    return "\n".join(lines)

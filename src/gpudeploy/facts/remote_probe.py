@@ -180,8 +180,10 @@ def gpus() -> dict[str, Any]:
                                   "cmd": info.get("cmd", ""), "start_ticks": info.get("start_ticks")})
     finally:
         pynvml.nvmlShutdown()
+    # A stand-in NVML (the lab's) says so: its GPUs and figures are not a driver's.
+    standin = getattr(pynvml, "STANDIN", None)
     return {"source": "nvml", "error": None, "driver": text(driver) if driver else None, "devices": devices,
-            "processes": processes}
+            "processes": processes, "standin": str(standin) if standin else None}
 
 
 def cpu_topology(sysfs: str = "/sys/devices/system/node") -> dict[str, Any]:
@@ -231,6 +233,34 @@ def versions(wanted: dict[str, list[str]]) -> dict[str, Any]:
         except (OSError, ValueError, subprocess.TimeoutExpired) as exc:
             out[python] = {"error": str(exc)}
     return out
+
+
+def find_pythons(candidates: list[str], limit: int = 16) -> list[str]:
+    """The interpreters among ``candidates`` that exist here, in order, each once: "self" is the one
+    running this probe, a bare name is looked up on PATH, a pattern with * is a glob (sorted)."""
+    import shutil
+
+    found: list[str] = []
+    for pattern in candidates:
+        if pattern == "self":
+            paths = [sys.executable]
+        elif "*" in pattern:
+            paths = sorted(glob.glob(os.path.expanduser(pattern)))
+        elif "/" not in pattern:
+            paths = [p for p in [shutil.which(pattern)] if p]
+        else:
+            paths = [os.path.expanduser(pattern)]
+        for path in paths:
+            if os.path.isfile(path) and os.access(path, os.X_OK) and path not in found:
+                found.append(path)
+    return found[:limit]
+
+
+def engines(spec: dict[str, Any]) -> dict[str, Any]:
+    """``{"pythons": [...candidates], "packages": [...]}`` -> python -> {package: version or None},
+    for every candidate interpreter that exists (what ``gpudeploy init`` writes engine_versions from)."""
+    packages = [str(p) for p in spec.get("packages", [])]
+    return versions({p: packages for p in find_pythons([str(c) for c in spec.get("pythons", [])])})
 
 
 def help_text(python: str, module: str) -> dict[str, Any]:
@@ -401,6 +431,7 @@ def main(spec: dict[str, Any]) -> dict[str, Any]:
         "topology": cpu_topology() if spec.get("topology") else None,
         "init": init_system(),
         "versions": versions(spec["versions"]) if spec.get("versions") else {},
+        "engines": engines(spec["engines"]) if spec.get("engines") else {},
         "help": {f"{p} {m}": help_text(p, m) for p, m in spec.get("help", [])},
         "http": http_get(spec["http"], float(spec.get("http_timeout", 2.0))) if spec.get("http") else {},
     }
