@@ -456,14 +456,18 @@ def _smoke(c: Checker, engine: str) -> Smoke | None:
 
 
 # What an experiment variant may override of a role (experiment/spec.py), checked here so that a
-# variant's values pass exactly the checks a role file's do.
-OVERRIDABLE = ("settings", "env", "extra_args", "tp_size")
+# variant's values pass exactly the checks a role file's do. ``model`` is the checkpoint (its path and
+# the facts the memory preflight reads); ``files`` ships local files with the variant: env name -> a
+# file or folder beside the experiment file, uploaded to the host and that env variable set to it.
+OVERRIDABLE = ("settings", "env", "extra_args", "tp_size", "model", "files")
+MODEL_OVERRIDES = ("path", "facts")
 
 
 def role_overrides(c: Checker) -> dict[str, Any]:
     """A role's keys as a variant overrides them (``c``: that mapping, with its file and lines),
     checked as :func:`load_role` checks a role file's; problems go to ``c``. ``null`` for a settings
-    or env key is kept as None: it removes the role's own key."""
+    or env key is kept as None: it removes the role's own key. ``files`` is checked for its shape
+    here (env names as ``env``'s); reading the files is the experiment's (experiment/ship.py)."""
     c.unknown_keys(set(OVERRIDABLE))
     out: dict[str, Any] = {}
     if c.data.get("settings") is not None:
@@ -476,6 +480,48 @@ def role_overrides(c: Checker) -> dict[str, Any]:
     tp = _tp_size(c)
     if tp is not None:
         out["tp_size"] = tp
+    if c.data.get("model") is not None:
+        model = _model_override(c.child("model"))
+        if model:
+            out["model"] = model
+    files = c.get("files", dict)
+    if files is not None:
+        out["files"] = _files_override(files, c, out.get("env") or {})
+    return out
+
+
+def _model_override(mc: Checker) -> dict[str, Any]:
+    """``model: {path: ..., facts: {...}}``: the checkpoint a variant serves. Its path is what the
+    engine loads (a folder on the host, or a hub id); ``facts`` as a role file's model.facts."""
+    mc.unknown_keys(set(MODEL_OVERRIDES))
+    out: dict[str, Any] = {}
+    path = mc.get("path", str, check=lambda v: control_problem(v) or (None if v.strip() else "must not be empty"))
+    if path is not None:
+        out["path"] = path
+    facts = mc.get("facts", dict)
+    if facts is not None:
+        out["facts"] = dict(facts)
+    return out
+
+
+def _files_override(raw: dict[str, Any], c: Checker, env: dict[str, Any]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for name, source in raw.items():
+        line = raw.line_of(name) if isinstance(raw, LineMap) else c.where("files")
+        name = str(name)
+        if not ENV_NAME_RE.fullmatch(name):
+            c.fail(f"{name!r} is not a valid environment variable name (files: ENV_NAME: local/path)", "files",
+                   line=line)
+        elif name in RESERVED_ENV:
+            c.fail(f"{name} is set by gpudeploy ({RESERVED_ENV[name]})", f"files.{name}", line=line)
+        elif name in env:
+            c.fail(f"{name} is set by env too; a shipped file's variable points at the uploaded copy", f"files.{name}",
+                   line=line)
+        elif not isinstance(source, str) or not source.strip() or control_problem(source):
+            c.fail(f"files.{name} is the path of a local file or folder to ship, got {source!r}", f"files.{name}",
+                   line=line)
+        else:
+            out[name] = source
     return out
 
 
