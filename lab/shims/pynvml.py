@@ -14,15 +14,30 @@ of a dead process. ``used`` = 644939776 B (an idle H200's baseline) + the live r
 
 ``nvmlDeviceGetNumaNodeId``: returns the GPU's ``numa_node``; when that is null or negative it raises
 ``NVMLError_NotSupported``, as on the real H200 VM (so both paths can be exercised).
+
+Power and utilisation are MODELLED, not measured, and ``STANDIN`` says so (gpudeploy shows it next to
+every figure): a stand-in does its "GPU" work on the CPU, so a GPU's SM utilisation is the CPU share
+its live processes used since this process last asked (since they started, the first time), x2, at
+most 100 %; memory-controller utilisation 0.6 of that; power is an idle H200's 72 W, +48 W while a
+process holds memory on it (a CUDA context and weights), + 75 % of the rest of its limit (``power_limit_w``
+in gpus.json, default 700 W, the H200 SXM's) times the utilisation: ~120 W loaded and idle, ~555 W busy.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
 from typing import Any
 
 from gpudeploy_lab.standin.common import gpus_json_path, live_records
+
+STANDIN = ("the gpudeploy lab's stand-in NVML: GPUs from /etc/gpudeploy-lab/gpus.json, power and utilisation "
+           "modelled from the CPU time of each GPU's processes, not measured")
+IDLE_W = 72.0  # an idle H200 SXM (nvidia-smi's power.draw with nothing on it)
+CONTEXT_W = 48.0  # a process holds memory on it: CUDA context, weights, nothing computing
+DEFAULT_LIMIT_W = 700.0  # the H200 SXM's TDP
+BUSY_SHARE = 0.75  # of what is left of the limit, at 100 % utilisation
 
 NVML_SUCCESS = 0
 # Every code of nvidia-ml-py 13 (its values and names); each gets an NVMLError_<CapWords> subclass.
@@ -320,6 +335,87 @@ def nvmlDeviceGetMemoryInfo(handle: _Handle, version: int | None = None) -> c_nv
     total = int(handle.gpu["memory_total_bytes"])
     used = min(total, BASELINE_USED + sum(u for _, u in _live_records(handle.index)))
     return c_nvmlMemory_t(total, total - used, used)
+
+
+class c_nvmlUtilization_t:
+    def __init__(self, gpu: int, memory: int) -> None:
+        self.gpu, self.memory = gpu, memory
+
+    def __repr__(self) -> str:
+        return f"c_nvmlUtilization_t(gpu: {self.gpu} %, memory: {self.memory} %)"
+
+
+_cpu_seen: dict[int, tuple[int, float]] = {}  # pid -> (its CPU ticks, when), at this process's last reading
+
+
+def _cpu_ticks(pid: int) -> tuple[int, int] | None:
+    """(utime + stime, start time) of ``pid`` in clock ticks, from /proc/<pid>/stat."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            rest = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return int(rest[11]) + int(rest[12]), int(rest[19])
+
+
+def _boot_time() -> float:
+    with open("/proc/stat") as f:
+        for line in f:
+            if line.startswith("btime "):
+                return float(line.split()[1])
+    return 0.0
+
+
+_busy_seen: dict[int, tuple[float, float]] = {}  # GPU -> (its utilisation, when): one reading per sample
+SAMPLE_S = 0.25  # readings closer than this are one sample (power and utilisation asked together)
+
+
+def _busy(index: int) -> float:
+    """The GPU's modelled utilisation, 0..1 (see the module's docstring)."""
+    hz = os.sysconf("SC_CLK_TCK")
+    now = time.time()
+    cached = _busy_seen.get(index)
+    if cached is not None and now - cached[1] < SAMPLE_S:
+        return cached[0]
+    share = 0.0
+    for pid, _ in _live_records(index):
+        got = _cpu_ticks(pid)
+        if got is None:
+            continue
+        ticks, start = got
+        before = _cpu_seen.get(pid)
+        since = before[1] if before else _boot_time() + start / hz
+        spent = ticks - (before[0] if before else 0)
+        _cpu_seen[pid] = (ticks, now)
+        if now - since > 0.05:
+            share += max(0.0, spent / hz / (now - since))
+    busy = min(1.0, 2 * share)
+    _busy_seen[index] = (busy, now)
+    return busy
+
+
+def _limit_w(handle: _Handle) -> float:
+    return float(handle.gpu.get("power_limit_w") or DEFAULT_LIMIT_W)
+
+
+def nvmlDeviceGetUtilizationRates(handle: _Handle) -> c_nvmlUtilization_t:
+    busy = _busy(handle.index)
+    return c_nvmlUtilization_t(round(100 * busy), round(60 * busy))
+
+
+def nvmlDeviceGetPowerUsage(handle: _Handle) -> int:
+    """mW, as NVML gives it."""
+    held = bool(_live_records(handle.index))
+    busy = _busy(handle.index) if held else 0.0
+    watts = IDLE_W + (CONTEXT_W if held else 0.0) + BUSY_SHARE * (_limit_w(handle) - IDLE_W - CONTEXT_W) * busy
+    return round(watts * 1000)
+
+
+def nvmlDeviceGetEnforcedPowerLimit(handle: _Handle) -> int:
+    return round(_limit_w(handle) * 1000)
+
+
+nvmlDeviceGetPowerManagementLimit = nvmlDeviceGetEnforcedPowerLimit
 
 
 def nvmlDeviceGetCpuAffinity(handle: _Handle, cpu_set_size: int) -> list[int]:

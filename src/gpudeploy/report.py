@@ -333,6 +333,8 @@ def status_text(results: dict[str, Any]) -> tuple[str, bool]:
             if s.gpu_memory:
                 notes.append(f"{host}/{s.role}: GPU memory held by this run: "
                              + ", ".join(f"GPU {g} {v:.1f} GiB" for g, v in sorted(s.gpu_memory.items())))
+            if s.gpu_load and s.deployed:
+                notes.append(f"{host}/{s.role}: {gpu_load_text(s.gpu_load, s.gpu_standin)}")
             if s.group:
                 notes.append(f"{host}/{s.role}: {s.group}"
                              + (f"; the group is DOWN: {s.group_down}" if s.group_down else ""))
@@ -348,6 +350,22 @@ def status_text(results: dict[str, Any]) -> tuple[str, bool]:
     widths = [max(len(r[i]) for r in table) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in table]
     return "\n".join(lines + (["", *notes] if notes else [])), ok
+
+
+def gpu_load_text(load: dict[int, dict[str, Any]], standin: str | None) -> str:
+    """Per GPU what it draws of its limit and how busy its SMs are (NVML, now), with the total."""
+    def watts(v: Any) -> str:
+        return f"{v:.0f}" if isinstance(v, (int, float)) else "?"
+
+    parts = []
+    for g, d in sorted(load.items()):
+        limit = f"/{watts(d.get('power_limit_w'))}" if d.get("power_limit_w") is not None else ""
+        sm = f" SM {d['sm_util_pct']:.0f}%" if d.get("sm_util_pct") is not None else ""
+        parts.append(f"GPU {g} {watts(d.get('power_w'))}{limit} W{sm}")
+    drawn = [d["power_w"] for d in load.values() if isinstance(d.get("power_w"), (int, float))]
+    total = f"; {sum(drawn):.0f} W in all" if len(drawn) > 1 else ""
+    fake = " (a stand-in NVML: modelled, not measured)" if standin else ""
+    return "power and utilisation now: " + ", ".join(parts) + total + fake
 
 
 def facts_text(results: dict[str, Any], hosts: dict[str, Any]) -> tuple[str, bool]:

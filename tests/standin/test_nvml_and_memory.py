@@ -6,6 +6,7 @@ import importlib.util
 import json
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -137,3 +138,37 @@ def test_natural_failures_follow_the_memory_model() -> None:
     # an orphan holding most of GPU 0 makes TP2 unbalanced
     unbalanced = plan(tp=2, others=60 * GIB).failure  # type: ignore[attr-defined]
     assert unbalanced.phase == "init" and "memory capacity is unbalanced" in unbalanced.message
+
+
+def test_nvml_power_and_utilisation_are_plausible_and_say_they_are_modelled(lab: Lab, nvml: ModuleType) -> None:
+    """A GPU with nothing on it idles at 72 W; one whose process holds memory but sleeps draws ~120 W;
+    one whose process burns a CPU reads busy and draws more, never over its limit (issue 25)."""
+    sleeper = subprocess.Popen(["sleep", "30"])
+    burner = subprocess.Popen([PYTHON, "-c", "import time\nt = time.time() + 30\nwhile time.time() < t: pass"])
+    try:
+        write_record(lab, sleeper.pid, 1, 20 * GIB)
+        write_record(lab, burner.pid, 2, 20 * GIB)
+        nvml.nvmlInit()
+        assert "stand-in" in nvml.STANDIN and "not measured" in nvml.STANDIN
+        h0, h1, h2 = (nvml.nvmlDeviceGetHandleByIndex(i) for i in (0, 1, 2))
+        assert nvml.nvmlDeviceGetEnforcedPowerLimit(h0) == 700_000  # mW, the H200 SXM's
+        deadline = time.monotonic() + 10
+        while True:  # the burner's share of a CPU since the last reading, once it has run a while
+            time.sleep(0.3)
+            busy = nvml.nvmlDeviceGetUtilizationRates(h2)
+            if busy.gpu >= 20 or time.monotonic() > deadline:  # >= 10 % of a CPU, on a busy machine too
+                break
+        assert busy.gpu >= 20 and abs(busy.memory - busy.gpu * 0.6) <= 1, busy
+        power = nvml.nvmlDeviceGetPowerUsage(h2)  # the same sample: 120 W + 75 % of the other 580 W x busy
+        assert abs(power - (120_000 + 0.75 * 580_000 * busy.gpu / 100)) <= 0.01 * 580_000, (power, busy)
+        assert power <= 700_000
+        assert nvml.nvmlDeviceGetPowerUsage(h0) == 72_000
+        assert nvml.nvmlDeviceGetUtilizationRates(h0).gpu == 0
+        time.sleep(0.3)
+        idle_held = nvml.nvmlDeviceGetPowerUsage(h1)
+        assert 120_000 <= idle_held < 140_000, idle_held
+        nvml.nvmlShutdown()
+    finally:
+        for p in (sleeper, burner):
+            p.kill()
+            p.wait()

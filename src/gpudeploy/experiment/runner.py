@@ -41,7 +41,7 @@ from ..remote import connect
 from ..remote.base import Result
 from ..report import memory_figures
 from ..verify.status import status
-from . import bench, benchdir, choose, ship
+from . import bench, benchdir, choose, power, ship
 from .spec import Experiment, key_of
 from .store import RunRow, Store
 from .variants import Planned, plan_variants
@@ -369,18 +369,25 @@ def _run(exp: Experiment, p: Planned, key: str, t: bench.Target, store: Store, c
                 box["error"] = f"{type(exc).__name__}: {exc}"
 
         thread = threading.Thread(target=client, name=f"bench-{p.variant.name}-c{concurrency}", daemon=True)
-        thread.start()
-        died_at = None
-        while thread.is_alive():
-            thread.join(WATCH_EVERY_S)
-            if death is None:
-                death = _dead_unit(p.plan)
-                if death is not None:
-                    died_at = time.monotonic()
-                    say(f"   c={concurrency}: {death.unit} DIED under load: {death.cause}")
-            if died_at is not None and time.monotonic() - died_at > AFTER_DEATH_S:
-                say(f"   the client on {t.host.name} is still running; it ends by itself (timeout {b.timeout_s:g} s)")
-                break
+        # NVML on the engine hosts for as long as the client runs (power.py: nothing outlives it; the
+        # samplers end with this block, also on Ctrl-C)
+        with power.Sampling(p.plan, b.timeout_s + bench.KILL_AFTER_S) as sampling:
+            client_started = time.time()
+            thread.start()
+            died_at = None
+            while thread.is_alive():
+                thread.join(WATCH_EVERY_S)
+                if death is None:
+                    death = _dead_unit(p.plan)
+                    if death is not None:
+                        died_at = time.monotonic()
+                        say(f"   c={concurrency}: {death.unit} DIED under load: {death.cause}")
+                if died_at is not None and time.monotonic() - died_at > AFTER_DEATH_S:
+                    say(f"   the client on {t.host.name} is still running; it ends by itself "
+                        f"(timeout {b.timeout_s:g} s)")
+                    break
+            client_ended = time.time()
+        samples = sampling.hosts
         if death is None:
             death = _dead_unit(p.plan)
         wall = time.monotonic() - started
@@ -398,6 +405,10 @@ def _run(exp: Experiment, p: Planned, key: str, t: bench.Target, store: Store, c
         try:
             figures = bench.figures(t.client, bench.parse_result(t.client, raw.decode()), b.prompts, concurrency,
                                     t.gpus)
+            # the samples of the client's measured span: its duration, up to when it ended (+1 s to write)
+            span = figures.get("duration_s") or (client_ended - client_started)
+            figures.update(power.figures(samples, max(client_started, client_ended - span - 1.0), client_ended))
+            figures["output_tok_s_per_w"] = power.per_watt(figures.get("output_tok_s"), figures.get("mean_power_w"))
             ok = death is None
         except ValueError as exc:
             log += f"\ngpudeploy: the result file could not be read: {exc}\n"
@@ -419,9 +430,12 @@ def _brief(f: dict[str, Any]) -> str:
         return f"{v:.1f}" if isinstance(v, (int, float)) else "-"
 
     out = f.get("output_tok_s")
+    watts = f.get("mean_power_w")
+    drawn = (f", {watts:.0f} W ({f.get('output_tok_s_per_w') or 0:.2f} tok/s per W"
+             + (", stand-in NVML" if f.get("power_standin") else "") + ")") if watts else ""
     return (f"{out:.1f} tok/s out, TTFT p50/p99 {ms('median_ttft_ms')}/{ms('p99_ttft_ms')} ms, TPOT p50/p99 "
             f"{ms('median_tpot_ms')}/{ms('p99_tpot_ms')} ms, {f.get('completed')} done, {f.get('failed')} failed"
-            if out is not None else "no figures")
+            f"{drawn}" if out is not None else "no figures")
 
 
 def _dead_unit(plan: Plan) -> Death | None:

@@ -147,6 +147,18 @@ def gpu_record(index: int, name: Any, uuid: Any, bus_id: Any, total: int, used: 
             "numa_node": numa}
 
 
+def load_record(power_mw: Any, limit_mw: Any, util: Any) -> dict[str, Any]:
+    """What a GPU draws and does now, from NVML's raw values (each None where NVML says NotSupported):
+    power in W (NVML gives mW), SM and memory-controller utilisation in % over its last sample period."""
+    def number(v: Any) -> float | None:
+        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+    power, limit = number(power_mw), number(limit_mw)
+    return {"power_w": round(power / 1000, 1) if power is not None else None,
+            "power_limit_w": round(limit / 1000, 1) if limit is not None else None,
+            "sm_util_pct": number(getattr(util, "gpu", None)), "mem_util_pct": number(getattr(util, "memory", None))}
+
+
 def gpus() -> dict[str, Any]:
     try:
         import pynvml  # the real nvidia-ml-py on GPU nodes; the lab provides a stand-in module
@@ -171,9 +183,12 @@ def gpus() -> dict[str, Any]:
             h = pynvml.nvmlDeviceGetHandleByIndex(i)
             mem = pynvml.nvmlDeviceGetMemoryInfo(h)
             pci = maybe(pynvml.nvmlDeviceGetPciInfo, h)
-            devices.append(gpu_record(i, pynvml.nvmlDeviceGetName(h), maybe(pynvml.nvmlDeviceGetUUID, h),
-                                      getattr(pci, "busId", None), mem.total, mem.used, getattr(mem, "free", None),
-                                      maybe(pynvml.nvmlDeviceGetNumaNodeId, h)))
+            record = gpu_record(i, pynvml.nvmlDeviceGetName(h), maybe(pynvml.nvmlDeviceGetUUID, h),
+                                getattr(pci, "busId", None), mem.total, mem.used, getattr(mem, "free", None),
+                                maybe(pynvml.nvmlDeviceGetNumaNodeId, h))
+            devices.append({**record, **load_record(maybe(pynvml.nvmlDeviceGetPowerUsage, h),
+                                                    maybe(pynvml.nvmlDeviceGetEnforcedPowerLimit, h),
+                                                    maybe(pynvml.nvmlDeviceGetUtilizationRates, h))})
             for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h):
                 info = proc_info(int(p.pid)) or {}
                 processes.append({"gpu": i, "pid": int(p.pid), "used": int(p.usedGpuMemory or 0),
