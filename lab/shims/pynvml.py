@@ -17,8 +17,8 @@ of a dead process. ``used`` = 644939776 B (an idle H200's baseline) + the live r
 
 Power and utilisation are MODELLED, not measured, and ``STANDIN`` says so (gpudeploy shows it next to
 every figure): a stand-in does its "GPU" work on the CPU, so a GPU's SM utilisation is the CPU share
-its live processes used since this process last asked (since they started, the first time), x2, at
-most 100 %; memory-controller utilisation 0.6 of that; power is an idle H200's 72 W, +48 W while a
+its live processes and the engine that started them used since this process last asked (since they
+started, the first time), x2, at most 100 %; memory-controller utilisation 0.6 of that; power is an idle H200's 72 W, +48 W while a
 process holds memory on it (a CUDA context and weights), + 75 % of the rest of its limit (``power_limit_w``
 in gpus.json, default 700 W, the H200 SXM's) times the utilisation: ~120 W loaded and idle, ~555 W busy.
 """
@@ -345,17 +345,32 @@ class c_nvmlUtilization_t:
         return f"c_nvmlUtilization_t(gpu: {self.gpu} %, memory: {self.memory} %)"
 
 
-_cpu_seen: dict[int, tuple[int, float]] = {}  # pid -> (its CPU ticks, when), at this process's last reading
+_cpu_seen: dict[tuple[int, int], tuple[int, float]] = {}  # (GPU, pid) -> (its CPU ticks, when) at the last reading
+
+
+def _stat(pid: int) -> list[str] | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
 
 
 def _cpu_ticks(pid: int) -> tuple[int, int] | None:
     """(utime + stime, start time) of ``pid`` in clock ticks, from /proc/<pid>/stat."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            rest = f.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return int(rest[11]) + int(rest[12]), int(rest[19])
+    rest = _stat(pid)
+    return (int(rest[11]) + int(rest[12]), int(rest[19])) if rest else None
+
+
+def _workers_and_engine(index: int) -> list[int]:
+    """The GPU's processes and the engine that started them: the stand-in's TP workers hold the memory
+    while its engine process does the serving, as a real scheduler's GPU work is its ranks'."""
+    pids: list[int] = []
+    for pid, _ in _live_records(index):
+        rest = _stat(pid)
+        parent = int(rest[1]) if rest else 0
+        pids += [p for p in (pid, parent) if p > 1 and p not in pids]
+    return pids
 
 
 def _boot_time() -> float:
@@ -378,15 +393,15 @@ def _busy(index: int) -> float:
     if cached is not None and now - cached[1] < SAMPLE_S:
         return cached[0]
     share = 0.0
-    for pid, _ in _live_records(index):
+    for pid in _workers_and_engine(index):
         got = _cpu_ticks(pid)
         if got is None:
             continue
         ticks, start = got
-        before = _cpu_seen.get(pid)
+        before = _cpu_seen.get((index, pid))
         since = before[1] if before else _boot_time() + start / hz
         spent = ticks - (before[0] if before else 0)
-        _cpu_seen[pid] = (ticks, now)
+        _cpu_seen[(index, pid)] = (ticks, now)
         if now - since > 0.05:
             share += max(0.0, spent / hz / (now - since))
     busy = min(1.0, 2 * share)

@@ -142,11 +142,18 @@ def test_natural_failures_follow_the_memory_model() -> None:
 
 def test_nvml_power_and_utilisation_are_plausible_and_say_they_are_modelled(lab: Lab, nvml: ModuleType) -> None:
     """A GPU with nothing on it idles at 72 W; one whose process holds memory but sleeps draws ~120 W;
-    one whose process burns a CPU reads busy and draws more, never over its limit (issue 25)."""
-    sleeper = subprocess.Popen(["sleep", "30"])
-    burner = subprocess.Popen([PYTHON, "-c", "import time\nt = time.time() + 30\nwhile time.time() < t: pass"])
+    one whose process (or the engine that started it) burns a CPU reads busy and draws more, never over
+    its limit (issue 25)."""
+    # the sleeper is orphaned (its parent, which would count as its engine, exits at once)
+    orphan = subprocess.run(["sh", "-c", "sleep 30 >/dev/null 2>&1 & echo $!"], capture_output=True, text=True,
+                            check=True)
+    sleeper_pid = int(orphan.stdout)
+    started = [sleeper_pid]  # the PIDs we started, ended by PID at the end
+    burner = subprocess.Popen([PYTHON, "-c", "import subprocess, time\nw = subprocess.Popen(['sleep', '30'])\n"
+                               "print(w.pid, flush=True)\nt = time.time() + 30\nwhile time.time() < t: pass\n"
+                               "w.kill()"], stdout=subprocess.PIPE, text=True)
     try:
-        write_record(lab, sleeper.pid, 1, 20 * GIB)
+        write_record(lab, sleeper_pid, 1, 20 * GIB)
         write_record(lab, burner.pid, 2, 20 * GIB)
         nvml.nvmlInit()
         assert "stand-in" in nvml.STANDIN and "not measured" in nvml.STANDIN
@@ -167,8 +174,16 @@ def test_nvml_power_and_utilisation_are_plausible_and_say_they_are_modelled(lab:
         time.sleep(0.3)
         idle_held = nvml.nvmlDeviceGetPowerUsage(h1)
         assert 120_000 <= idle_held < 140_000, idle_held
+        # a sleeping TP worker whose engine serves (burns CPU) counts as busy: the engine's work is its GPU's
+        assert burner.stdout is not None
+        worker = int(burner.stdout.readline())
+        started.append(worker)
+        write_record(lab, worker, 3, 20 * GIB)
+        h3 = nvml.nvmlDeviceGetHandleByIndex(3)
+        assert nvml.nvmlDeviceGetUtilizationRates(h3).gpu >= 20
         nvml.nvmlShutdown()
     finally:
-        for p in (sleeper, burner):
-            p.kill()
-            p.wait()
+        burner.kill()
+        burner.wait()
+        for pid in started:
+            os.kill(pid, 9)
