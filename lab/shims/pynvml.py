@@ -18,9 +18,10 @@ of a dead process. ``used`` = 644939776 B (an idle H200's baseline) + the live r
 Power and utilisation are MODELLED, not measured, and ``STANDIN`` says so (gpudeploy shows it next to
 every figure): a stand-in does its "GPU" work on the CPU, so a GPU's SM utilisation is the CPU share
 its live processes and the engine that started them used since this process last asked (since they
-started, the first time), x2, at most 100 %; memory-controller utilisation 0.6 of that; power is an idle H200's 72 W, +48 W while a
-process holds memory on it (a CUDA context and weights), + 75 % of the rest of its limit (``power_limit_w``
-in gpus.json, default 700 W, the H200 SXM's) times the utilisation: ~120 W loaded and idle, ~555 W busy.
+started, the first time), x2, at most 100 %; memory-controller utilisation 0.6 of that; power is an
+idle H200's 72 W, +48 W while a process holds memory on it (a CUDA context and weights), + 75 % of
+the rest of its limit (``power_limit_w`` in gpus.json, default 700 W, the H200 SXM's) times the
+utilisation: ~120 W loaded and idle, ~555 W busy.
 """
 
 from __future__ import annotations
