@@ -116,9 +116,9 @@ def test_the_probe_finds_each_python_once_and_its_engines(tmp_path: Path) -> Non
     (tmp_path / "site" / "sglang" / "__init__.py").write_text('__version__ = "0.5.99"\n')
     (tmp_path / "site" / "yaml").mkdir()
     (tmp_path / "site" / "yaml" / "__init__.py").write_text("raise SystemExit('imported')\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
     res = subprocess.run([remote_probe.sys.executable, "-s", "-c", remote_probe.ENGINE_SCRIPT, "sglang", "yaml",
-                          "vllm"], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(tmp_path / "site")},
-                         timeout=60)
+                          "vllm"], capture_output=True, text=True, env=env, timeout=60)
     doc = json.loads(res.stdout)
     assert doc["sglang"] == "0.5.99" and doc["vllm"] is None
     assert doc["yaml"] == yaml.__version__  # PyYAML's distribution owns the module: read, not imported
