@@ -18,10 +18,12 @@ of a dead process. ``used`` = 644939776 B (an idle H200's baseline) + the live r
 Power and utilisation are MODELLED, not measured, and ``STANDIN`` says so (gpudeploy shows it next to
 every figure): a stand-in does its "GPU" work on the CPU, so a GPU's SM utilisation is the CPU share
 its live processes and the engine that started them used since this process last asked (since they
-started, the first time), x2, at most 100 %; memory-controller utilisation 0.6 of that; power is an
-idle H200's 72 W, +48 W while a process holds memory on it (a CUDA context and weights), + 75 % of
-the rest of its limit (``power_limit_w`` in gpus.json, default 700 W, the H200 SXM's) times the
-utilisation: ~120 W loaded and idle, ~555 W busy.
+started, the first time), x2, at most 100 %; memory-controller utilisation 0.6 of that. Power: the
+board's idle draw, + 40 % of it while a process holds memory there (a CUDA context and weights), + 75 %
+of the rest of its limit times the utilisation. Limits are the boards' specified maximum (H200 SXM
+700 W; RTX PRO 6000 Blackwell Server Edition 600 W, the field's "~400 W of its 600 W"); the idle
+draws (72 W, 35 W) are assumptions, not measured here; ``power_limit_w``/``idle_w`` in gpus.json win.
+An H200: 72 W idle, ~101 W holding memory, ~550 W busy.
 """
 
 from __future__ import annotations
@@ -35,9 +37,10 @@ from gpudeploy_lab.standin.common import gpus_json_path, live_records
 
 STANDIN = ("the gpudeploy lab's stand-in NVML: GPUs from /etc/gpudeploy-lab/gpus.json, power and utilisation "
            "modelled from the CPU time of each GPU's processes, not measured")
-IDLE_W = 72.0  # an idle H200 SXM (nvidia-smi's power.draw with nothing on it)
-CONTEXT_W = 48.0  # a process holds memory on it: CUDA context, weights, nothing computing
-DEFAULT_LIMIT_W = 700.0  # the H200 SXM's TDP
+# (name contains, limit W, idle W): the limit is the board's specified maximum; the idle draw an assumption
+BOARDS = (("RTX PRO 6000", 600.0, 35.0), ("H200", 700.0, 72.0))
+DEFAULT_BOARD = (700.0, 72.0)
+CONTEXT_SHARE = 0.4  # of the idle draw, more while a process holds memory (a CUDA context, weights)
 BUSY_SHARE = 0.75  # of what is left of the limit, at 100 % utilisation
 
 NVML_SUCCESS = 0
@@ -410,8 +413,15 @@ def _busy(index: int) -> float:
     return busy
 
 
+def _board(handle: _Handle) -> tuple[float, float]:
+    """(limit, idle) in W of the GPU (gpus.json's power_limit_w/idle_w win)."""
+    name = str(handle.gpu.get("name", ""))
+    limit, idle = next(((lim, idle) for part, lim, idle in BOARDS if part in name), DEFAULT_BOARD)
+    return float(handle.gpu.get("power_limit_w") or limit), float(handle.gpu.get("idle_w") or idle)
+
+
 def _limit_w(handle: _Handle) -> float:
-    return float(handle.gpu.get("power_limit_w") or DEFAULT_LIMIT_W)
+    return _board(handle)[0]
 
 
 def nvmlDeviceGetUtilizationRates(handle: _Handle) -> c_nvmlUtilization_t:
@@ -423,7 +433,9 @@ def nvmlDeviceGetPowerUsage(handle: _Handle) -> int:
     """mW, as NVML gives it."""
     held = bool(_live_records(handle.index))
     busy = _busy(handle.index) if held else 0.0
-    watts = IDLE_W + (CONTEXT_W if held else 0.0) + BUSY_SHARE * (_limit_w(handle) - IDLE_W - CONTEXT_W) * busy
+    limit, idle = _board(handle)
+    floor = idle * (1 + CONTEXT_SHARE) if held else idle
+    watts = floor + BUSY_SHARE * (limit - floor) * busy
     return round(watts * 1000)
 
 

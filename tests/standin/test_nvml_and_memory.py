@@ -141,13 +141,16 @@ def test_natural_failures_follow_the_memory_model() -> None:
 
 
 def test_nvml_power_and_utilisation_are_plausible_and_say_they_are_modelled(lab: Lab, nvml: ModuleType) -> None:
-    """A GPU with nothing on it idles at 72 W; one whose process holds memory but sleeps draws ~120 W;
+    """An H200 with nothing on it idles at 72 W; one whose process holds memory but sleeps draws ~101 W;
     one whose process (or the engine that started it) burns a CPU reads busy and draws more, never over
     its limit (issue 25)."""
     # the sleeper is orphaned (its parent, which would count as its engine, exits at once)
     orphan = subprocess.run(["sh", "-c", "sleep 30 >/dev/null 2>&1 & echo $!"], capture_output=True, text=True,
                             check=True)
     sleeper_pid = int(orphan.stdout)
+    data = json.loads(lab.gpus_json.read_text())
+    data["gpus"][3]["name"] = "NVIDIA RTX PRO 6000 Blackwell Server Edition (stand-in)"
+    lab.gpus_json.write_text(json.dumps(data))
     started = [sleeper_pid]  # the PIDs we started, ended by PID at the end
     burner = subprocess.Popen([PYTHON, "-c", "import subprocess, time\nw = subprocess.Popen(['sleep', '30'])\n"
                                "print(w.pid, flush=True)\nt = time.time() + 30\nwhile time.time() < t: pass\n"
@@ -166,14 +169,14 @@ def test_nvml_power_and_utilisation_are_plausible_and_say_they_are_modelled(lab:
             if busy.gpu >= 20 or time.monotonic() > deadline:  # >= 10 % of a CPU, on a busy machine too
                 break
         assert busy.gpu >= 20 and abs(busy.memory - busy.gpu * 0.6) <= 1, busy
-        power = nvml.nvmlDeviceGetPowerUsage(h2)  # the same sample: 120 W + 75 % of the other 580 W x busy
-        assert abs(power - (120_000 + 0.75 * 580_000 * busy.gpu / 100)) <= 0.01 * 580_000, (power, busy)
+        power = nvml.nvmlDeviceGetPowerUsage(h2)  # the same sample: 100.8 W + 75 % of the other 599.2 W x busy
+        assert abs(power - (100_800 + 0.75 * 599_200 * busy.gpu / 100)) <= 0.01 * 599_200, (power, busy)
         assert power <= 700_000
         assert nvml.nvmlDeviceGetPowerUsage(h0) == 72_000
         assert nvml.nvmlDeviceGetUtilizationRates(h0).gpu == 0
         time.sleep(0.3)
         idle_held = nvml.nvmlDeviceGetPowerUsage(h1)
-        assert 120_000 <= idle_held < 140_000, idle_held
+        assert 100_800 <= idle_held < 110_000, idle_held
         # a sleeping TP worker whose engine serves (burns CPU) counts as busy: the engine's work is its GPU's
         assert burner.stdout is not None
         worker = int(burner.stdout.readline())
@@ -181,6 +184,7 @@ def test_nvml_power_and_utilisation_are_plausible_and_say_they_are_modelled(lab:
         write_record(lab, worker, 3, 20 * GIB)
         h3 = nvml.nvmlDeviceGetHandleByIndex(3)
         assert nvml.nvmlDeviceGetUtilizationRates(h3).gpu >= 20
+        assert nvml.nvmlDeviceGetEnforcedPowerLimit(h3) == 600_000  # the lab's board: the field's 600 W card
         nvml.nvmlShutdown()
     finally:
         burner.kill()
