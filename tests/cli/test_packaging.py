@@ -4,6 +4,7 @@ captured --help of each release, the `gpudeploy` console script, and not the lab
 from __future__ import annotations
 
 import configparser
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -14,11 +15,19 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
+# What a checkout holds that is no source: a build from it must not see them (setuptools' build/ keeps
+# files a later build would ship although the source no longer has them).
+NOT_SOURCE = shutil.ignore_patterns(".git", ".venv", ".bench-venv", "build", "*.egg-info", "__pycache__",
+                                    ".pytest_cache", ".mypy_cache", ".ruff_cache")
+
+
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> zipfile.ZipFile:
     out = tmp_path_factory.mktemp("wheel")
+    source = tmp_path_factory.mktemp("source") / "gpudeploy"
+    shutil.copytree(REPO, source, ignore=NOT_SOURCE)
     res = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--disable-pip-version-check",
-                          "-w", str(out), str(REPO)], capture_output=True, text=True, timeout=300)
+                          "-w", str(out), str(source)], capture_output=True, text=True, timeout=300)
     if res.returncode != 0:
         pytest.fail(f"pip wheel failed: {res.stderr[-2000:]}")
     (built,) = out.glob("gpudeploy-*.whl")

@@ -300,7 +300,8 @@ def _ship(p: Planned, say: Say) -> str | None:
                 ship.upload(remote, bundle)
         except GpudeployError as exc:
             return f"shipping {bundle.source} to {host.name} failed: {exc}"
-        say(f"   shipped {bundle.source} ({len(bundle.files)} files) to {host.name}:{bundle.folder}")
+        n = len(bundle.files)
+        say(f"   shipped {bundle.source} ({n} file{'s' if n != 1 else ''}) to {host.name}:{bundle.folder}")
     return None
 
 
