@@ -104,8 +104,8 @@ def init_inventory(opts: InitOptions) -> tuple[str, bool]:
     results = for_each_host(hosts, one)
     failed = [(h, r) for h in hosts for r in [results[h.name]] if isinstance(r, GpudeployError)]
     if failed:
-        lines = [f"{h.address}: {r}{unknown_key_hint(h, r) if isinstance(r, HostUnreachable) else ''}"
-                 for h, r in failed]
+        # a RemoteError's text starts with the host already
+        lines = [f"{r}{unknown_key_hint(h, r) if isinstance(r, HostUnreachable) else ''}" for h, r in failed]
         return "\n".join([*lines, f"nothing was written: init describes every host or none ({out} unchanged)"]), False
     taken: set[str] = set()
     found: list[Found] = []
