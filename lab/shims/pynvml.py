@@ -19,11 +19,12 @@ Power and utilisation are MODELLED, not measured, and ``STANDIN`` says so (gpude
 every figure): a stand-in does its "GPU" work on the CPU, so a GPU's SM utilisation is the CPU share
 its live processes and the engine that started them used since this process last asked (since they
 started, the first time), x2, at most 100 %; memory-controller utilisation 0.6 of that. Power: the
-board's idle draw, + 40 % of it while a process holds memory there (a CUDA context and weights), + 75 %
-of the rest of its limit times the utilisation. Limits are the boards' specified maximum (H200 SXM
-700 W; RTX PRO 6000 Blackwell Server Edition 600 W, the field's "~400 W of its 600 W"); the idle
-draws (72 W, 35 W) are assumptions, not measured here; ``power_limit_w``/``idle_w`` in gpus.json win.
-An H200: 72 W idle, ~101 W holding memory, ~550 W busy.
+board's idle draw, + 53 % of it while a process holds memory there (a CUDA context), + 98 % of the
+rest of its limit times the utilisation. The H200's figures are measured (the experiment's own sampler
+on a real H200, bench/results/h200-power-sampler-2026-12-01.txt: 77 W idle, 118 W holding memory,
+686-697 W at 95-98 % SM in bf16 matmuls, limit 700 W). For the RTX PRO 6000 Blackwell Server Edition
+the limit is its specified 600 W (the field's "~400 W of its 600 W"); its 35 W idle is an assumption.
+``power_limit_w``/``idle_w`` in gpus.json win.
 """
 
 from __future__ import annotations
@@ -37,11 +38,11 @@ from gpudeploy_lab.standin.common import gpus_json_path, live_records
 
 STANDIN = ("the gpudeploy lab's stand-in NVML: GPUs from /etc/gpudeploy-lab/gpus.json, power and utilisation "
            "modelled from the CPU time of each GPU's processes, not measured")
-# (name contains, limit W, idle W): the limit is the board's specified maximum; the idle draw an assumption
-BOARDS = (("RTX PRO 6000", 600.0, 35.0), ("H200", 700.0, 72.0))
-DEFAULT_BOARD = (700.0, 72.0)
-CONTEXT_SHARE = 0.4  # of the idle draw, more while a process holds memory (a CUDA context, weights)
-BUSY_SHARE = 0.75  # of what is left of the limit, at 100 % utilisation
+# (name contains, limit W, idle W): H200 measured (see the docstring); the RTX PRO 6000's idle assumed
+BOARDS = (("RTX PRO 6000", 600.0, 35.0), ("H200", 700.0, 77.0))
+DEFAULT_BOARD = (700.0, 77.0)
+CONTEXT_SHARE = 0.53  # of the idle draw, more while a process holds memory: H200 77 -> 118 W, measured
+BUSY_SHARE = 0.98  # of what is left of the limit at 100 % utilisation: H200 ~690 of 700 W at 97 %, measured
 
 NVML_SUCCESS = 0
 # Every code of nvidia-ml-py 13 (its values and names); each gets an NVMLError_<CapWords> subclass.
