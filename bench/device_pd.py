@@ -122,7 +122,7 @@ def main() -> None:
                             "numa_nodes": [{"id": n, "gpus": gs, "cpus": cpus} for n, gs in sorted(numa.items())],
                             "roles": servers}
     host["gpu_memory_gib"] = round(before[0]["total"] / GIB, 1)
-    inv = {"deployment": "pd", "roles_dir": "roles", "templates_dir": str(REPO / "templates"), "hosts": {"node": host}}
+    inv = {"deployment": "pd", "roles_dir": "roles", "hosts": {"node": host}}
     (work / "hosts.yml").write_text(yaml.safe_dump(inv))
 
     gd("teardown0", "teardown", "--purge")  # an earlier try's leftovers, by their own run records

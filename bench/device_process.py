@@ -51,7 +51,7 @@ def main() -> None:
     for name, extra in (("gpu", []), ("gpuoom", ["--fault", "oom"])):
         (work / "roles" / f"{name}.yml").write_text(yaml.safe_dump(role(extra)))
     facts0 = _nvml_total()
-    inv = {"deployment": "dev", "roles_dir": "roles", "templates_dir": str(REPO / "templates"),
+    inv = {"deployment": "dev", "roles_dir": "roles",
            "hosts": {"h200": {"address": "127.0.0.1", "connection": "local", "python": py, "numa_policy": "none",
                               "numa_nodes": [{"id": 0, "gpus": [0] if gpu else [], "cpus": f"0-{os.cpu_count() - 1}"}],
                               **({"gpu_memory_gib": round(facts0 / 2**30, 1)} if gpu else {}),

@@ -52,7 +52,7 @@ def inventory(root: Path, marker: str) -> Path:
         if name != "sglang-cpu-router":
             role["env"]["GPUDEPLOY_BENCH_VERSION"] = marker
         (root / "roles" / f"{name}.yml").write_text(yaml.safe_dump(role, sort_keys=False))
-    inv.update(roles_dir=str(root / "roles"), templates_dir=str(REPO / "templates"))
+    inv.update(roles_dir=str(root / "roles"))
     path = root / "hosts.yml"
     path.write_text(yaml.safe_dump(inv, sort_keys=False))
     return path

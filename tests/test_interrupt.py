@@ -104,13 +104,12 @@ program.run(["invoke", "--search-root", sys.argv[1], "status", "--inventory", sy
 LOCAL_INVENTORY = """
 deployment: t
 roles_dir: roles
-templates_dir: {templates}
 hosts:
   here:
     address: 127.0.0.1
     connection: local
     supervisor: process
-    numa_nodes: [{{gpus: [], cpus: "0"}}]
+    numa_nodes: [{gpus: [], cpus: "0"}]
     roles: [web]
 """
 
@@ -119,7 +118,7 @@ def test_ctrl_c_inside_the_thread_pools_lock_handoff_still_exits(tmp_path: Path)
     (tmp_path / "roles").mkdir()
     (tmp_path / "roles" / "web.yml").write_text('engine: command\ngpus: 0\nargv: ["/bin/true", "{{ port }}"]\n')
     inv = tmp_path / "hosts.yml"
-    inv.write_text(LOCAL_INVENTORY.format(templates=REPO / "templates"))
+    inv.write_text(LOCAL_INVENTORY)
     try:
         res = subprocess.run([sys.executable, "-c", AT_THE_WORST_MOMENT, str(REPO), str(inv)], cwd=tmp_path,
                              capture_output=True, text=True, timeout=60)

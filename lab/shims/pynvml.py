@@ -14,15 +14,35 @@ of a dead process. ``used`` = 644939776 B (an idle H200's baseline) + the live r
 
 ``nvmlDeviceGetNumaNodeId``: returns the GPU's ``numa_node``; when that is null or negative it raises
 ``NVMLError_NotSupported``, as on the real H200 VM (so both paths can be exercised).
+
+Power and utilisation are MODELLED, not measured, and ``STANDIN`` says so (gpudeploy shows it next to
+every figure): a stand-in does its "GPU" work on the CPU, so a GPU's SM utilisation is the CPU share
+its live processes and the engine that started them used since this process last asked (since they
+started, the first time), x2, at most 100 %; memory-controller utilisation 0.6 of that. Power: the
+board's idle draw, + 53 % of it while a process holds memory there (a CUDA context), + 98 % of the
+rest of its limit times the utilisation. The H200's figures are measured (the experiment's own sampler
+on a real H200, bench/results/h200-power-sampler-2026-12-01.txt: 77 W idle, 118 W holding memory,
+686-697 W at 95-98 % SM in bf16 matmuls, limit 700 W). For the RTX PRO 6000 Blackwell Server Edition
+the limit is its specified 600 W (the field's "~400 W of its 600 W"); its 35 W idle is an assumption.
+``power_limit_w``/``idle_w`` in gpus.json win.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
 from typing import Any
 
 from gpudeploy_lab.standin.common import gpus_json_path, live_records
+
+STANDIN = ("the gpudeploy lab's stand-in NVML: GPUs from /etc/gpudeploy-lab/gpus.json, power and utilisation "
+           "modelled from the CPU time of each GPU's processes, not measured")
+# (name contains, limit W, idle W): H200 measured (see the docstring); the RTX PRO 6000's idle assumed
+BOARDS = (("RTX PRO 6000", 600.0, 35.0), ("H200", 700.0, 77.0))
+DEFAULT_BOARD = (700.0, 77.0)
+CONTEXT_SHARE = 0.53  # of the idle draw, more while a process holds memory: H200 77 -> 118 W, measured
+BUSY_SHARE = 0.98  # of what is left of the limit at 100 % utilisation: H200 ~690 of 700 W at 97 %, measured
 
 NVML_SUCCESS = 0
 # Every code of nvidia-ml-py 13 (its values and names); each gets an NVMLError_<CapWords> subclass.
@@ -320,6 +340,111 @@ def nvmlDeviceGetMemoryInfo(handle: _Handle, version: int | None = None) -> c_nv
     total = int(handle.gpu["memory_total_bytes"])
     used = min(total, BASELINE_USED + sum(u for _, u in _live_records(handle.index)))
     return c_nvmlMemory_t(total, total - used, used)
+
+
+class c_nvmlUtilization_t:
+    def __init__(self, gpu: int, memory: int) -> None:
+        self.gpu, self.memory = gpu, memory
+
+    def __repr__(self) -> str:
+        return f"c_nvmlUtilization_t(gpu: {self.gpu} %, memory: {self.memory} %)"
+
+
+_cpu_seen: dict[tuple[int, int], tuple[int, float]] = {}  # (GPU, pid) -> (its CPU ticks, when) at the last reading
+
+
+def _stat(pid: int) -> list[str] | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def _cpu_ticks(pid: int) -> tuple[int, int] | None:
+    """(utime + stime, start time) of ``pid`` in clock ticks, from /proc/<pid>/stat."""
+    rest = _stat(pid)
+    return (int(rest[11]) + int(rest[12]), int(rest[19])) if rest else None
+
+
+def _workers_and_engine(index: int) -> list[int]:
+    """The GPU's processes and the engine that started them: the stand-in's TP workers hold the memory
+    while its engine process does the serving, as a real scheduler's GPU work is its ranks'."""
+    pids: list[int] = []
+    for pid, _ in _live_records(index):
+        rest = _stat(pid)
+        parent = int(rest[1]) if rest else 0
+        pids += [p for p in (pid, parent) if p > 1 and p not in pids]
+    return pids
+
+
+def _boot_time() -> float:
+    with open("/proc/stat") as f:
+        for line in f:
+            if line.startswith("btime "):
+                return float(line.split()[1])
+    return 0.0
+
+
+_busy_seen: dict[int, tuple[float, float]] = {}  # GPU -> (its utilisation, when): one reading per sample
+SAMPLE_S = 0.25  # readings closer than this are one sample (power and utilisation asked together)
+
+
+def _busy(index: int) -> float:
+    """The GPU's modelled utilisation, 0..1 (see the module's docstring)."""
+    hz = os.sysconf("SC_CLK_TCK")
+    now = time.time()
+    cached = _busy_seen.get(index)
+    if cached is not None and now - cached[1] < SAMPLE_S:
+        return cached[0]
+    share = 0.0
+    for pid in _workers_and_engine(index):
+        got = _cpu_ticks(pid)
+        if got is None:
+            continue
+        ticks, start = got
+        before = _cpu_seen.get((index, pid))
+        since = before[1] if before else _boot_time() + start / hz
+        spent = ticks - (before[0] if before else 0)
+        _cpu_seen[(index, pid)] = (ticks, now)
+        if now - since > 0.05:
+            share += max(0.0, spent / hz / (now - since))
+    busy = min(1.0, 2 * share)
+    _busy_seen[index] = (busy, now)
+    return busy
+
+
+def _board(handle: _Handle) -> tuple[float, float]:
+    """(limit, idle) in W of the GPU (gpus.json's power_limit_w/idle_w win)."""
+    name = str(handle.gpu.get("name", ""))
+    limit, idle = next(((lim, idle) for part, lim, idle in BOARDS if part in name), DEFAULT_BOARD)
+    return float(handle.gpu.get("power_limit_w") or limit), float(handle.gpu.get("idle_w") or idle)
+
+
+def _limit_w(handle: _Handle) -> float:
+    return _board(handle)[0]
+
+
+def nvmlDeviceGetUtilizationRates(handle: _Handle) -> c_nvmlUtilization_t:
+    busy = _busy(handle.index)
+    return c_nvmlUtilization_t(round(100 * busy), round(60 * busy))
+
+
+def nvmlDeviceGetPowerUsage(handle: _Handle) -> int:
+    """mW, as NVML gives it."""
+    held = bool(_live_records(handle.index))
+    busy = _busy(handle.index) if held else 0.0
+    limit, idle = _board(handle)
+    floor = idle * (1 + CONTEXT_SHARE) if held else idle
+    watts = floor + BUSY_SHARE * (limit - floor) * busy
+    return round(watts * 1000)
+
+
+def nvmlDeviceGetEnforcedPowerLimit(handle: _Handle) -> int:
+    return round(_limit_w(handle) * 1000)
+
+
+nvmlDeviceGetPowerManagementLimit = nvmlDeviceGetEnforcedPowerLimit
 
 
 def nvmlDeviceGetCpuAffinity(handle: _Handle, cpu_set_size: int) -> list[int]:

@@ -2,14 +2,20 @@
 
 Inventory shape (see ``inventory/hosts.yml`` for a commented example)::
 
-    deployment: pd                 # unit names: gpudeploy-<deployment>-<role>.service
-    roles_dir: ../roles            # relative to the inventory file
+    deployment: pd                 # unit names: gpudeploy-<deployment>.<role>.service
+    roles_dir: ../roles            # relative to the inventory file; its role files override the packaged ones
     defaults: {ssh: {...}, gpu_memory_gib: 96, engine_versions: {sglang: "0.5.23"}, python: ..., env: {...}}
     hosts:
       node171:
         address: 10.0.0.171
         numa_nodes: [{id: 0, gpus: [0, 1, 2, 3], cpus: "0-31"}, ...]
         roles: [prefill, {role: decode, numa_node: 1}, router]
+      node172:
+        ...
+        roles: [{role: decode, name: decode-a, gpus: [0, 1, 2, 3]},     # one role file, two instances
+                {role: decode, name: decode-b, gpus: [4, 5, 6, 7], port: 30050}]
+
+A role is read from ``roles_dir`` when that has the file, else from the package (library.py).
 
 Anything under ``defaults`` may be given per host too; the host's value wins. ``kubernetes:``
 (defaults, a host, a role) and ``numa_nodes[].memory_gib`` are read only by
@@ -24,7 +30,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from . import k8sinventory
+from . import k8sinventory, library
 from .controlchars import control_problem
 from .errors import InputError, Problem
 from .model import (
@@ -84,8 +90,8 @@ def load_inventory(path: str | Path, problems: list[Problem] | None = None) -> I
     top.unknown_keys({"deployment", "roles_dir", "templates_dir", "defaults", "hosts"})
     deployment = top.get("deployment", str, default="default",
                          check=lambda v: None if NAME_RE.fullmatch(v) else NAME_RULE)
-    roles_dir = path.parent / top.get("roles_dir", str, default="../roles")
-    templates_dir = Path(os.path.normpath(path.parent / top.get("templates_dir", str, default="../templates")))
+    roles_dir = _own_dir(top, "roles_dir", path)
+    templates_dir = _own_dir(top, "templates_dir", path)
     defaults = top.child("defaults")
     defaults.unknown_keys(DEFAULT_KEYS)
     default_k8s = k8sinventory.k8s_settings(defaults, k8sinventory.HOST_KEYS)  # read once, not per host
@@ -98,26 +104,88 @@ def load_inventory(path: str | Path, problems: list[Problem] | None = None) -> I
             hosts[host.name] = host
 
     hosts = _resolve_jumps(hosts)
-    roles: dict[str, Role] = {}
-    wanted = {p.role: p for h in hosts.values() for p in h.placements}
-    for role_name, request in wanted.items():
-        role_file = Path(os.path.normpath(roles_dir / f"{role_name}.yml"))
-        if not role_file.exists():
-            known = sorted(p.stem for p in roles_dir.glob("*.yml")) if roles_dir.is_dir() else []
-            owner = next(h.name for h in hosts.values() if request in h.placements)
-            problems.append(Problem(
-                f"unknown role {role_name!r}: no {role_file} (known roles: {', '.join(known) or 'none'})",
-                file=request.where.file if request.where else str(path),
-                line=request.where.line if request.where else None, host=owner, role=role_name,
-                key="roles"))
-            continue
-        role = load_role(role_file, problems)
-        if role is not None:
-            roles[role.name] = role
+    roles = _placed_roles(hosts, roles_dir, problems, str(path))
     if problems and not collect:
         raise InputError(problems)
     return Inventory(path=str(path), deployment=deployment, hosts=hosts, roles=roles,
-                     templates_dir=str(templates_dir))
+                     templates_dir=str(templates_dir) if templates_dir is not None else "",
+                     roles_dir=str(roles_dir) if roles_dir is not None else "")
+
+
+def own_roles_dir(path: str | Path) -> Path | None:
+    """The roles_dir of the inventory at ``path`` (None: it has none; the packaged roles only); a
+    problem with the file raises InputError."""
+    problems: list[Problem] = []
+    data = load_yaml(Path(path), problems)
+    found = _own_dir(Checker(data, problems, str(path)), "roles_dir", Path(path)) if not problems else None
+    if problems:
+        raise InputError(problems)
+    return found
+
+
+def _own_dir(top: Checker, key: str, path: Path) -> Path | None:
+    """The inventory's own roles_dir/templates_dir: the one it names (which must be a directory), else
+    ``../roles`` (``../templates``) beside it when that exists; None: the packaged ones only."""
+    given = top.get(key, str)
+    if given is None:
+        default = Path(os.path.normpath(path.parent / ".." / key.removesuffix("_dir")))
+        return default if default.is_dir() else None
+    folder = Path(os.path.normpath(path.parent / given))
+    if not folder.is_dir():
+        top.fail(f"{folder} is not a directory (leave {key} out to use the packaged "
+                 f"{key.removesuffix('_dir')} only)", key)
+        return None
+    return folder
+
+
+def _placed_roles(hosts: dict[str, Host], roles_dir: Path | None, problems: list[Problem],
+                  file: str) -> dict[str, Role]:
+    """Every role placed, by the name it is placed under: a role file read once however often it is
+    placed, and a named instance as that role under its own name (``roles: [{role: decode, name: decode-a}]``)."""
+    files: dict[str, Role | None] = {}
+    roles: dict[str, Role] = {}
+    first: dict[str, tuple[str, PlacementRequest]] = {}
+    for h in hosts.values():
+        for req in h.placements:
+            base = req.file_role
+            if base not in files:
+                files[base] = _read_role(base, req, h.name, roles_dir, problems, file)
+            role = files[base]
+            if role is None:
+                continue
+            seen = first.setdefault(req.role, (base, req))
+            if seen[0] != base:
+                other = seen[1].where
+                at = "" if other is None or other.line is None else f" (line {other.line})" \
+                    if req.where is not None and other.file == req.where.file else f" ({other.file}:{other.line})"
+                problems.append(Problem(
+                    f"{req.role!r} names an instance of role {base!r} here and of role {seen[0]!r} elsewhere{at}; "
+                    "an instance name stands for one role file", file=req.where.file if req.where else file,
+                    line=req.where.line if req.where else None, host=h.name, role=req.role, key="roles"))
+                continue
+            if req.role != base and req.role not in roles and library.find_role(req.role, roles_dir) is not None:
+                problems.append(Problem(
+                    f"instance name {req.role!r} is also the name of a role file, so upstreams and --role "
+                    f"{req.role} would mean both; give the instance of {base!r} another name",
+                    file=req.where.file if req.where else file, line=req.where.line if req.where else None,
+                    host=h.name, role=req.role, key="roles.name"))
+                continue
+            roles[req.role] = role if req.role == base else replace(role, name=req.role, instance_of=base)
+    return roles
+
+
+def _read_role(name: str, request: PlacementRequest, host: str, roles_dir: Path | None,
+               problems: list[Problem], file: str) -> Role | None:
+    found = library.find_role(name, roles_dir)
+    if found is None:
+        known = [r.name for r in library.available_roles(roles_dir)]
+        where = f"{roles_dir}/{name}.yml, nor a packaged role" if roles_dir else "packaged role of that name"
+        problems.append(Problem(
+            f"unknown role {name!r}: no {where} (known roles: {', '.join(known) or 'none'})",
+            file=request.where.file if request.where else file,
+            line=request.where.line if request.where else None, host=host, role=name, key="roles"))
+        return None
+    return load_role(found.path, problems)
 
 
 def _host(name: str, raw: Any, defaults: Checker, problems: list[Problem], file: str,
@@ -214,24 +282,24 @@ def _host(name: str, raw: Any, defaults: Checker, problems: list[Problem], file:
             if _role_name_ok(item, c, item_line):
                 placements.append(PlacementRequest(role=item, where=Where(file, item_line)))
         elif isinstance(item, dict):
-            pc = Checker(item, problems, file, host=name, prefix="roles.")
-            pc.unknown_keys({"role", "numa_node", "gpus", "deployment"})
-            role = pc.get("role", str, required=True, default="?")
-            if not _role_name_ok(role, c, item_line):
-                continue
-            gpus = pc.get("gpus", list)
-            placements.append(PlacementRequest(
-                role=role, numa_node=pc.get("numa_node", int),
-                gpus=tuple(gpus) if gpus is not None else None,
-                deployment=pc.get("deployment", str, check=lambda v: None if NAME_RE.fullmatch(v) else NAME_RULE),
-                where=Where(file, item_line)))
+            placement = _placement(item, c, item_line, problems, file, name)
+            if placement is not None:
+                placements.append(placement)
         else:
             c.fail(f"each entry is a role name or {{role: NAME, numa_node: N}}, got {item!r}", "roles")
-    seen_roles = [p.role for p in placements]
-    for r in set(seen_roles):
-        if seen_roles.count(r) > 1:
-            c.fail(f"role {r!r} is placed twice on this host (its GPUs and ports would collide); "
-                   "make a second role file for the second one", "roles")
+    firsts: dict[str, PlacementRequest] = {}
+    for p in placements:
+        was = firsts.setdefault(p.role, p)
+        if was is not p:
+            at = f" (line {was.where.line})" if was.where and was.where.line else ""
+            again = f"role {p.role!r} is placed twice on this host{at}" if p.role_file is None else \
+                f"instance name {p.role!r} is used twice on this host{at}"
+            used = {q.role for q in placements}
+            free = next((f"{p.file_role}-{x}" for x in "bcdefghijklmnopqrstuvwxyz" if f"{p.file_role}-{x}" not in used),
+                        f"{p.file_role}-2")
+            c.fail(f"{again}: the two would share a unit name, GPUs and ports; give each placement its own name "
+                   f"(roles: [{{role: {p.file_role}, name: {free}, gpus: [...], port: N}}])", "roles",
+                   line=p.where.line if p.where else None)
 
     return Host(
         name=name, address=address, ssh=ssh, numa_nodes=tuple(nodes), gpu_memory_gib=gpu_mem,
@@ -245,6 +313,39 @@ def _host(name: str, raw: Any, defaults: Checker, problems: list[Problem], file:
                         f"one of {', '.join(CONNECTIONS)}"),
         kubernetes=default_k8s.under(k8sinventory.k8s_settings(c, k8sinventory.HOST_KEYS)),
     )
+
+
+PLACEMENT_KEYS = {"role", "name", "numa_node", "gpus", "deployment", "port", "ports"}
+
+
+def _placement(item: dict[str, Any], c: Checker, line: int | None, problems: list[Problem], file: str,
+               host: str) -> PlacementRequest | None:
+    """``{role: R, name: N, gpus: [...], numa_node: K, port: P, ports: {...}, deployment: D}``: one role
+    placed once; ``name`` makes it an instance of R of its own (its unit, ports and GPUs are keyed by N)."""
+    pc = Checker(item, problems, file, host=host, prefix="roles.", line=line)
+    pc.unknown_keys(PLACEMENT_KEYS)
+    role = pc.get("role", str, required=True, default="?")
+    if not _role_name_ok(role, c, line):
+        return None
+    instance = pc.get("name", str, check=lambda v: None if NAME_RE.fullmatch(v) else NAME_RULE)
+    gpus = pc.get("gpus", list)
+    ports: dict[str, int] = {}
+    for kind, value in (pc.get("ports", dict, default={}) or {}).items():
+        if not isinstance(value, int) or isinstance(value, bool) or _port_check(value):
+            pc.fail(f"port {kind!r} must be an integer 1-65535, got {value!r}", f"ports.{kind}")
+        else:
+            ports[str(kind)] = value
+    port = pc.get("port", int, check=_port_check)
+    if port is not None:
+        if "http" in ports and ports["http"] != port:
+            pc.fail(f"port {port} and ports.http {ports['http']} are both given; port is the http port", "port")
+        ports["http"] = port
+    return PlacementRequest(
+        role=instance if instance is not None and instance != role else role,
+        role_file=role if instance is not None and instance != role else None,
+        numa_node=pc.get("numa_node", int), gpus=tuple(gpus) if gpus is not None else None,
+        deployment=pc.get("deployment", str, check=lambda v: None if NAME_RE.fullmatch(v) else NAME_RULE),
+        where=Where(file, line), ports=ports)
 
 
 def load_role(path: Path, problems: list[Problem]) -> Role | None:
@@ -388,14 +489,18 @@ def _smoke(c: Checker, engine: str) -> Smoke | None:
 
 
 # What an experiment variant may override of a role (experiment/spec.py), checked here so that a
-# variant's values pass exactly the checks a role file's do.
-OVERRIDABLE = ("settings", "env", "extra_args", "tp_size")
+# variant's values pass exactly the checks a role file's do. ``model`` is the checkpoint (its path and
+# the facts the memory preflight reads); ``files`` ships local files with the variant: env name -> a
+# file or folder beside the experiment file, uploaded to the host and that env variable set to it.
+OVERRIDABLE = ("settings", "env", "extra_args", "tp_size", "model", "files")
+MODEL_OVERRIDES = ("path", "facts")
 
 
 def role_overrides(c: Checker) -> dict[str, Any]:
     """A role's keys as a variant overrides them (``c``: that mapping, with its file and lines),
     checked as :func:`load_role` checks a role file's; problems go to ``c``. ``null`` for a settings
-    or env key is kept as None: it removes the role's own key."""
+    or env key is kept as None: it removes the role's own key. ``files`` is checked for its shape
+    here (env names as ``env``'s); reading the files is the experiment's (experiment/ship.py)."""
     c.unknown_keys(set(OVERRIDABLE))
     out: dict[str, Any] = {}
     if c.data.get("settings") is not None:
@@ -408,6 +513,48 @@ def role_overrides(c: Checker) -> dict[str, Any]:
     tp = _tp_size(c)
     if tp is not None:
         out["tp_size"] = tp
+    if c.data.get("model") is not None:
+        model = _model_override(c.child("model"))
+        if model:
+            out["model"] = model
+    files = c.get("files", dict)
+    if files is not None:
+        out["files"] = _files_override(files, c, out.get("env") or {})
+    return out
+
+
+def _model_override(mc: Checker) -> dict[str, Any]:
+    """``model: {path: ..., facts: {...}}``: the checkpoint a variant serves. Its path is what the
+    engine loads (a folder on the host, or a hub id); ``facts`` as a role file's model.facts."""
+    mc.unknown_keys(set(MODEL_OVERRIDES))
+    out: dict[str, Any] = {}
+    path = mc.get("path", str, check=lambda v: control_problem(v) or (None if v.strip() else "must not be empty"))
+    if path is not None:
+        out["path"] = path
+    facts = mc.get("facts", dict)
+    if facts is not None:
+        out["facts"] = dict(facts)
+    return out
+
+
+def _files_override(raw: dict[str, Any], c: Checker, env: dict[str, Any]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for name, source in raw.items():
+        line = raw.line_of(name) if isinstance(raw, LineMap) else c.where("files")
+        name = str(name)
+        if not ENV_NAME_RE.fullmatch(name):
+            c.fail(f"{name!r} is not a valid environment variable name (files: ENV_NAME: local/path)", "files",
+                   line=line)
+        elif name in RESERVED_ENV:
+            c.fail(f"{name} is set by gpudeploy ({RESERVED_ENV[name]})", f"files.{name}", line=line)
+        elif name in env:
+            c.fail(f"{name} is set by env too; a shipped file's variable points at the uploaded copy", f"files.{name}",
+                   line=line)
+        elif not isinstance(source, str) or not source.strip() or control_problem(source):
+            c.fail(f"files.{name} is the path of a local file or folder to ship, got {source!r}", f"files.{name}",
+                   line=line)
+        else:
+            out[name] = source
     return out
 
 

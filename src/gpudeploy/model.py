@@ -93,13 +93,24 @@ class SshConfig:
 
 @dataclass(frozen=True)
 class PlacementRequest:
-    """One entry of a host's ``roles:`` list."""
+    """One entry of a host's ``roles:`` list.
+
+    ``role`` is the name the placed server goes by (its unit, ports and GPUs are keyed by it): the role
+    file's name, or for a named instance (``{role: decode, name: decode-a}``) the instance's name, with
+    ``role_file`` naming the file. One role file so serves many instances, each with its own GPUs and
+    ports (``port``/``ports`` of the entry)."""
 
     role: str
     numa_node: int | None = None
     gpus: tuple[int, ...] | None = None
     deployment: str | None = None  # None: the host's
     where: Where | None = None
+    role_file: str | None = None  # a named instance's role file; None: the file named ``role``
+    ports: dict[str, int] = field(default_factory=dict)  # this placement's own ports (``port`` is http)
+
+    @property
+    def file_role(self) -> str:
+        return self.role_file or self.role
 
 
 @dataclass(frozen=True)
@@ -178,7 +189,7 @@ class Smoke:
 
 @dataclass(frozen=True)
 class Role:
-    name: str
+    name: str  # the role file's name, or a named instance's (PlacementRequest.role)
     engine: str
     file: str
     description: str = ""
@@ -202,6 +213,12 @@ class Role:
     smoke: Smoke | None = None  # routers: the generation that gates the deployment
     kubernetes: K8sSettings = field(default_factory=K8sSettings)  # render --target k8s only
     lines: dict[str, int] = field(default_factory=dict)  # key -> line in the role file
+    instance_of: str = ""  # a named instance's role file (roles: [{role: decode, name: decode-a}]); "" if none
+
+    @property
+    def file_role(self) -> str:
+        """The role file this role was read from (upstreams and --role may name it for its instances)."""
+        return self.instance_of or self.name
 
     @property
     def gpus_needed(self) -> int:
@@ -215,8 +232,9 @@ class Inventory:
     path: str
     deployment: str  # the default deployment (hosts and placements may name others)
     hosts: dict[str, Host]
-    roles: dict[str, Role]
-    templates_dir: str
+    roles: dict[str, Role]  # by the name each is placed under (a named instance under its own name)
+    templates_dir: str  # the inventory's own templates ("": the packaged ones only; library.template_dirs)
+    roles_dir: str = ""  # the inventory's own role files ("": the packaged ones only)
 
 
 @dataclass(frozen=True)

@@ -336,6 +336,8 @@ def status_text(results: dict[str, Any]) -> tuple[str, bool]:
             if s.gpu_memory:
                 notes.append(f"{host}/{s.role}: GPU memory held by this run: "
                              + ", ".join(f"GPU {g} {v:.1f} GiB" for g, v in sorted(s.gpu_memory.items())))
+            if s.gpu_load and s.deployed:
+                notes.append(f"{host}/{s.role}: {gpu_load_text(s.gpu_load, s.gpu_standin)}")
             if s.group:
                 notes.append(f"{host}/{s.role}: {s.group}"
                              + (f"; the group is DOWN: {s.group_down}" if s.group_down else ""))
@@ -351,6 +353,22 @@ def status_text(results: dict[str, Any]) -> tuple[str, bool]:
     widths = [max(len(r[i]) for r in table) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in table]
     return "\n".join(lines + (["", *notes] if notes else [])), ok
+
+
+def gpu_load_text(load: dict[int, dict[str, Any]], standin: str | None) -> str:
+    """Per GPU what it draws of its limit and how busy its SMs are (NVML, now), with the total."""
+    def watts(v: Any) -> str:
+        return f"{v:.0f}" if isinstance(v, (int, float)) else "?"
+
+    parts = []
+    for g, d in sorted(load.items()):
+        limit = f"/{watts(d.get('power_limit_w'))}" if d.get("power_limit_w") is not None else ""
+        sm = f" SM {d['sm_util_pct']:.0f}%" if d.get("sm_util_pct") is not None else ""
+        parts.append(f"GPU {g} {watts(d.get('power_w'))}{limit} W{sm}")
+    drawn = [d["power_w"] for d in load.values() if isinstance(d.get("power_w"), (int, float))]
+    total = f"; {sum(drawn):.0f} W in all" if len(drawn) > 1 else ""
+    fake = " (a stand-in NVML: modelled, not measured)" if standin else ""
+    return "power and utilisation now: " + ", ".join(parts) + total + fake
 
 
 def facts_text(results: dict[str, Any], hosts: dict[str, Any]) -> tuple[str, bool]:
@@ -391,3 +409,25 @@ def facts_text(results: dict[str, Any], hosts: dict[str, Any]) -> tuple[str, boo
             ok = ok and not problems
             out += [f"  DIFFERS FROM THE INVENTORY: {p}" for p in problems] or ["  matches the inventory's GPUs"]
     return "\n".join(out), ok
+
+
+def roles_text(found: list[Any]) -> str:
+    """`gpudeploy roles`: each role a placement may name, its engine and description, and its file."""
+    import yaml
+
+    rows = [("ROLE", "ENGINE", "DESCRIPTION", "FROM")]
+    for r in found:
+        try:
+            doc = yaml.safe_load(r.path.read_text()) or {}
+        except (OSError, yaml.YAMLError):
+            doc = {}
+        doc = doc if isinstance(doc, dict) else {}
+        where = "packaged" if r.source == "packaged" else str(r.path) + ("  (overrides the packaged one)"
+                                                                          if r.overrides else "")
+        rows.append((r.name, str(doc.get("engine", "?")), str(doc.get("description", ""))[:48], where))
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    lines = ["  ".join([*(c.ljust(w) for c, w in zip(row[:3], widths, strict=True)), row[3]]) for row in rows]
+    packaged = next((r.path.parent for r in found if r.source == "packaged"), None)
+    if packaged is not None:
+        lines.append(f"packaged roles: {packaged}; a file of the same name in the inventory's roles_dir overrides one")
+    return "\n".join(lines)

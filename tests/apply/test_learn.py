@@ -37,7 +37,6 @@ def inventory(tmp_path: Path, hosts: list[str], release: str = "0.5.99") -> Path
     inv.write_text(f"""\
 deployment: t
 roles_dir: {REPO / 'roles'}
-templates_dir: {REPO / 'templates'}
 defaults:
   gpu_memory_gib: 95.6
   engine_versions: {{sglang: "{release}", sglang_router: "0.3.2"}}

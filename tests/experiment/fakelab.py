@@ -6,6 +6,7 @@ SGLang 0.5.23's real bench_serving line (tests/experiment/data)."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,7 +17,7 @@ import pytest
 from gpudeploy.apply.deploy import UnitOutcome
 from gpudeploy.apply.deployment import DeploymentOutcome, DeployResult
 from gpudeploy.errors import GpudeployError
-from gpudeploy.experiment import runner
+from gpudeploy.experiment import power, runner
 from gpudeploy.model import Host, Plan
 from gpudeploy.remote.base import Result
 from gpudeploy.verify.status import UnitStatus
@@ -43,6 +44,10 @@ class FakeLab:
         monkeypatch.setattr(runner, "status", self.status)
         monkeypatch.setattr(runner, "connect", self.connect)
         monkeypatch.setattr(runner, "WATCH_EVERY_S", 0.05)
+        # the engine hosts' NVML samplers (experiment/power.py): each GPU draws `watts` while sampled
+        self.watts = 300.0
+        self.samplers: list[FakeSampler] = []
+        monkeypatch.setattr(power, "connect", self.connect_sampler)
 
     def say(self, line: str) -> None:
         self.said.append(line)
@@ -81,6 +86,52 @@ class FakeLab:
     def connect(self, host: Host) -> Iterator[FakeRemote]:
         self.on_connect()
         yield FakeRemote(self)
+
+
+    @contextmanager
+    def connect_sampler(self, host: Host) -> Iterator[FakeSamplerHost]:
+        yield FakeSamplerHost(self)
+
+
+class FakeSamplerHost:
+    def __init__(self, lab: FakeLab) -> None:
+        self.lab = lab
+
+    def stream(self, argv: list[str]) -> FakeSampler:
+        sampler = FakeSampler(argv, self.lab.watts)
+        self.lab.samplers.append(sampler)
+        return sampler
+
+
+class FakeSampler:
+    """power.SAMPLER as a host runs it: ready, then a sample of every GPU it was given each read."""
+
+    def __init__(self, argv: list[str], watts: float) -> None:
+        self.argv = argv
+        self.gpus = argv[argv.index("-c") + 2].split(",")
+        self.watts = watts
+        self.ready = False
+        self.closed = False
+        self.beats = 0
+
+    def settimeout(self, timeout: float | None) -> None:
+        return None
+
+    def recv(self, nbytes: int) -> bytes:
+        if self.closed:
+            return b""
+        if not self.ready:
+            self.ready = True
+            return b'{"ready": true, "standin": null}\n'
+        time.sleep(0.02)
+        doc = {"t": time.time(), "gpus": {g: [self.watts, 50, 40 * 2**30] for g in self.gpus}}
+        return (json.dumps(doc) + "\n").encode()
+
+    def sendall(self, data: bytes) -> None:
+        self.beats += 1
+
+    def close(self) -> None:
+        self.closed = True
 
 
 class FakeRemote:

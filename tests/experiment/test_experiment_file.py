@@ -66,7 +66,7 @@ slo: {p99_tpot: 50}
         (12, "benchmark.prompts: must be >= 1"),
         (13, "benchmark.client: one of sglang, vllm"),
         (14, "slo.p99_tpot: unknown key"),
-        (6, "variants.bad-key.decode.setings: unknown key (allowed: env, extra_args, settings, tp_size)"),
+        (6, "variants.bad-key.decode.setings: unknown key (allowed: env, extra_args, files, model, settings, tp_size)"),
     ]
     for line, text in expected:
         assert f"{path}:{line}:" in out and text in out, (line, text, out)

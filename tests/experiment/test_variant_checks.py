@@ -76,7 +76,6 @@ def test_a_variant_tp_that_does_not_split_over_the_groups_nodes_is_refused(tmp_p
                        "numa_nodes": [{"id": 0, "gpus": list(range(8)), "cpus": "0-63"}]} for i in (1, 2)}
     inv = tmp_path / "hosts.yml"
     inv.write_text(yaml.safe_dump({"deployment": "big", "roles_dir": str(roles),
-                                   "templates_dir": str(Path(__file__).resolve().parents[2] / "templates"),
                                    "defaults": {"gpu_memory_gib": 141, "engine_versions": {"sglang": "0.5.23"}},
                                    "hosts": hosts}))
     path = tmp_path / "exp.yml"

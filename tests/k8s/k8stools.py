@@ -29,7 +29,7 @@ def write_inventory(root: Path, hosts: dict[str, dict[str, Any]], roles: dict[st
     (root / "roles").mkdir(parents=True, exist_ok=True)
     for name, role in roles.items():
         (root / "roles" / f"{name}.yml").write_text(yaml.safe_dump(role, sort_keys=False))
-    inventory = {"deployment": deployment, "roles_dir": "roles", "templates_dir": str(REPO / "templates"),
+    inventory = {"deployment": deployment, "roles_dir": "roles",
                  "defaults": {**DEFAULTS, **(defaults or {})},
                  "hosts": {name: {**HOST, **h} for name, h in hosts.items()}}
     path = root / "inventory.yml"

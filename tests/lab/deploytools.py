@@ -44,7 +44,7 @@ def write_inventory(root: Path, *, deployment: str, hosts: dict[str, tuple[str, 
     for name, role in roles.items():
         (root / "roles" / f"{name}.yml").write_text(yaml.safe_dump(role, sort_keys=False))
     inv = {
-        "deployment": deployment, "roles_dir": "roles", "templates_dir": str(REPO / "templates"),
+        "deployment": deployment, "roles_dir": "roles",
         "defaults": {"ssh": {"user": "root", "key": KEY, "known_hosts": KNOWN_HOSTS,
                              "connect_timeout_s": connect_timeout_s},
                      "gpu_memory_gib": 96, "engine_versions": {"sglang": "0.5.23", "sglang_router": "0.3.2"},

@@ -211,3 +211,63 @@ def test_resume_after_ctrl_c_reruns_nothing_finished(deployments: Deployments, l
     assert {k: v for k, v in after.items() if k in before} == before
     assert {("second", 2), ("second", 4)} <= set(after)
     assert "--deployment rexp" not in out
+
+
+def test_two_checkpoints_and_a_shipped_config_file_with_power_in_the_table(deployments: Deployments, lab: Lab,
+                                                                           tmp_path: Path) -> None:
+    """Issue 25: the checkpoint varies (model.path with its own facts), one variant ships tuned MoE
+    configs (uploaded to lab2, pointed at by SGLANG_MOE_CONFIG_DIR), and the table shows the stand-in
+    GPUs' power; the NVML samplers are gone with the runs that used them."""
+    inv = deployments.inventory("cexp", pd_roles(), host="lab2")
+    configs = tmp_path / "tuned" / "configs" / "triton_3_4_0"
+    configs.mkdir(parents=True)
+    tuned = configs / "E=128,N=384,device_name=NVIDIA_RTX_PRO_6000,dtype=fp8_w8a8.json"
+    tuned.write_text('{"1": {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "num_warps": 4}}\n')
+    half = {**FACTS, "weights_bytes": 1_000_000_000}  # the smaller checkpoint's own facts
+
+    def checkpoint(path: str, facts: dict[str, Any]) -> dict[str, Any]:
+        return {"model": {"path": path, "facts": facts}}
+
+    exp = write_experiment(tmp_path, inv, {
+        "ckpt-a": {"pre": checkpoint("/models/tiny-exp-a", FACTS), "dec": checkpoint("/models/tiny-exp-a", FACTS)},
+        "ckpt-b": {"pre": checkpoint("/models/tiny-exp-b", half),
+                   "dec": {**checkpoint("/models/tiny-exp-b", half), "files": {"SGLANG_MOE_CONFIG_DIR": "tuned"}}},
+    })
+    dry = experiment("--file", str(exp), "--dry-run")
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    for name in ("ckpt-a", "ckpt-b"):
+        block = dry.stdout.split(f"== {name}:", 1)[1].split("== ", 1)[0]
+        assert "memory lab2/pre: " in block and "memory lab2/dec: " in block, block
+    assert "ships tuned (1 file, " in dry.stdout, dry.stdout
+
+    res = experiment("--file", str(exp))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "shipped tuned (1 file) to lab2:/var/lib/gpudeploy/shipped/" in res.stdout, res.stdout
+    doc = show(exp)
+    for name, path in (("ckpt-a", "/models/tiny-exp-a"), ("ckpt-b", "/models/tiny-exp-b")):
+        v = variant(doc, name)
+        assert v["status"] == "measured", v
+        for role in ("pre", "dec"):
+            argv = next(u["argv"] for u in v["units"] if u["role"] == role)
+            assert argv[argv.index("--model-path") + 1] == path, argv
+        for lv in v["levels"]:
+            f = lv["figures"]
+            assert f["mean_power_w"] and f["mean_power_w"] > 0 and f["power_samples"] > 0, f
+            assert f["output_tok_s_per_w"] == pytest.approx(f["output_tok_s"] / f["mean_power_w"], rel=0.01), f
+            assert f["power_standin"] is True and f["mean_sm_util_pct"] is not None, f
+    b_dec = next(u for u in variant(doc, "ckpt-b")["units"] if u["role"] == "dec")
+    shipped = b_dec["env"]["SGLANG_MOE_CONFIG_DIR"]
+    assert shipped.startswith("/var/lib/gpudeploy/shipped/"), b_dec["env"]
+    assert "SGLANG_MOE_CONFIG_DIR" not in next(u for u in variant(doc, "ckpt-a")["units"] if u["role"] == "dec")["env"]
+    on_host = lab.ssh("lab2", f"cat '{shipped}/configs/triton_3_4_0/{tuned.name}'", check=True).stdout
+    assert on_host == tuned.read_text()  # the very file, where the engine was pointed
+    env_file = lab.ssh("lab2", "cat /etc/gpudeploy/cexp.dec.env", check=True).stdout  # the last variant's run
+    assert f"SGLANG_MOE_CONFIG_DIR={shipped}" in env_file, env_file
+    assert lab.ssh("lab2", "ls -A /var/lib/gpudeploy/shipped/ | grep -c '^.incoming' || true").stdout.strip() == "0"
+    table = (tmp_path / "results" / "table.txt").read_text()
+    head = next(line for line in table.splitlines() if "VARIANT" in line)
+    assert " W " in head and " /W " in head, table
+    assert "power from a stand-in NVML (the lab's): modelled" in table, table
+    # no sampler outlived its run: nothing on lab2 runs the sampler's script (read, never killed by name)
+    procs = lab.ssh("lab2", "ps -eo pid,args", check=True).stdout
+    assert "nvmlDeviceGetPowerUsage" not in procs, procs

@@ -26,17 +26,16 @@ def materialize(case: dict[str, Any], root: Path) -> Path:
     (root / "inventory").mkdir()
     roles_dir = root / "roles"
     roles_dir.mkdir()
-    for path in (REPO / "roles").glob("*.yml"):
+    for path in (REPO / "roles").glob("*.yml"):  # the lab's roles; the packaged ones are found as they are
         (roles_dir / path.name).write_text(path.read_text())
     for name, role in (case.get("roles") or {}).items():
         text = role if isinstance(role, str) else yaml.safe_dump(role, sort_keys=False)
         (roles_dir / f"{name}.yml").write_text(text)
-    templates = root / "templates"
-    templates.mkdir()
-    for path in (REPO / "templates").glob("*.j2"):
-        (templates / path.name).write_text(path.read_text())
-    for name, text in (case.get("templates") or {}).items():
-        (templates / name).write_text(text)
+    if case.get("templates"):  # a case's own templates override the packaged ones file by file
+        templates = root / "templates"
+        templates.mkdir()
+        for name, text in case["templates"].items():
+            (templates / name).write_text(text)
     inv = root / "inventory" / "hosts.yml"
     if "inventory_text" in case:
         inv.write_text(case["inventory_text"])

@@ -31,7 +31,7 @@ def make(tmp: Path, settings: dict[str, Any], facts: dict[str, Any] = FACTS, gpu
     inv = tmp / "hosts.yml"
     # 127.0.0.1 port 1: if anything tried to connect, it would fail at once and stay on this machine.
     inv.write_text(yaml.safe_dump({
-        "deployment": "m", "roles_dir": "roles", "templates_dir": str(REPO / "templates"),
+        "deployment": "m", "roles_dir": "roles",
         "defaults": {"gpu_memory_gib": gpu_gib, "engine_versions": {"sglang": version}, "ssh": {"port": 1}},
         "hosts": {"node171": {"address": "127.0.0.1", "roles": ["srv"], "numa_nodes": [
             {"id": 0, "gpus": [0, 1, 2, 3], "cpus": "0-31"}]}}}))

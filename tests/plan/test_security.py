@@ -19,7 +19,7 @@ def _inventory(root: Path, role: dict[str, object], deployment: str = "sec", ssh
                ) -> Path:
     (root / "roles").mkdir()
     (root / "roles" / "cmd.yml").write_text(yaml.safe_dump(role))
-    inv = {"deployment": deployment, "roles_dir": "roles", "templates_dir": str(REPO / "templates"),
+    inv = {"deployment": deployment, "roles_dir": "roles",
            "defaults": {"gpu_memory_gib": 24, **({"ssh": ssh} if ssh else {})},
            "hosts": {"box": {"address": "192.0.2.9", "numa_nodes": [{"id": 0, "gpus": [0], "cpus": "0"}],
                              "roles": ["cmd"]}}}

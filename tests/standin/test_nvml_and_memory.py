@@ -6,6 +6,7 @@ import importlib.util
 import json
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -137,3 +138,57 @@ def test_natural_failures_follow_the_memory_model() -> None:
     # an orphan holding most of GPU 0 makes TP2 unbalanced
     unbalanced = plan(tp=2, others=60 * GIB).failure  # type: ignore[attr-defined]
     assert unbalanced.phase == "init" and "memory capacity is unbalanced" in unbalanced.message
+
+
+def test_nvml_power_and_utilisation_are_plausible_and_say_they_are_modelled(lab: Lab, nvml: ModuleType) -> None:
+    """An H200 with nothing on it idles at 77 W; one whose process holds memory but sleeps draws ~118 W
+    (both measured on a real H200);
+    one whose process (or the engine that started it) burns a CPU reads busy and draws more, never over
+    its limit (issue 25)."""
+    # the sleeper is orphaned (its parent, which would count as its engine, exits at once)
+    orphan = subprocess.run(["sh", "-c", "sleep 30 >/dev/null 2>&1 & echo $!"], capture_output=True, text=True,
+                            check=True)
+    sleeper_pid = int(orphan.stdout)
+    data = json.loads(lab.gpus_json.read_text())
+    data["gpus"][3]["name"] = "NVIDIA RTX PRO 6000 Blackwell Server Edition (stand-in)"
+    lab.gpus_json.write_text(json.dumps(data))
+    started = [sleeper_pid]  # the PIDs we started, ended by PID at the end
+    burner = subprocess.Popen([PYTHON, "-c", "import subprocess, time\nw = subprocess.Popen(['sleep', '30'])\n"
+                               "print(w.pid, flush=True)\nt = time.time() + 30\nwhile time.time() < t: pass\n"
+                               "w.kill()"], stdout=subprocess.PIPE, text=True)
+    try:
+        write_record(lab, sleeper_pid, 1, 20 * GIB)
+        write_record(lab, burner.pid, 2, 20 * GIB)
+        nvml.nvmlInit()
+        assert "stand-in" in nvml.STANDIN and "not measured" in nvml.STANDIN
+        h0, h1, h2 = (nvml.nvmlDeviceGetHandleByIndex(i) for i in (0, 1, 2))
+        assert nvml.nvmlDeviceGetEnforcedPowerLimit(h0) == 700_000  # mW, the H200 SXM's
+        deadline = time.monotonic() + 10
+        while True:  # the burner's share of a CPU since the last reading, once it has run a while
+            time.sleep(0.3)
+            busy = nvml.nvmlDeviceGetUtilizationRates(h2)
+            if busy.gpu >= 20 or time.monotonic() > deadline:  # >= 10 % of a CPU, on a busy machine too
+                break
+        assert busy.gpu >= 20 and abs(busy.memory - busy.gpu * 0.6) <= 1, busy
+        power = nvml.nvmlDeviceGetPowerUsage(h2)  # the same sample: 117.8 W + 98 % of the other 582.2 W x busy
+        assert abs(power - (117_810 + 0.98 * 582_190 * busy.gpu / 100)) <= 0.01 * 582_190, (power, busy)
+        assert power <= 700_000
+        assert nvml.nvmlDeviceGetPowerUsage(h0) == 77_000
+        assert nvml.nvmlDeviceGetUtilizationRates(h0).gpu == 0
+        time.sleep(0.3)
+        idle_held = nvml.nvmlDeviceGetPowerUsage(h1)
+        assert 117_810 <= idle_held < 125_000, idle_held
+        # a sleeping TP worker whose engine serves (burns CPU) counts as busy: the engine's work is its GPU's
+        assert burner.stdout is not None
+        worker = int(burner.stdout.readline())
+        started.append(worker)
+        write_record(lab, worker, 3, 20 * GIB)
+        h3 = nvml.nvmlDeviceGetHandleByIndex(3)
+        assert nvml.nvmlDeviceGetUtilizationRates(h3).gpu >= 20
+        assert nvml.nvmlDeviceGetEnforcedPowerLimit(h3) == 600_000  # the lab's board: the field's 600 W card
+        nvml.nvmlShutdown()
+    finally:
+        burner.kill()
+        burner.wait()
+        for pid in started:
+            os.kill(pid, 9)

@@ -49,8 +49,9 @@ def aggregate(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
             out[key] = sum(values)
         elif values:
             out[key] = statistics.median(values)
-        else:
-            out[key] = None
+        else:  # a flag or a text the repeats agree on (power_standin) stays; else none
+            seen = [r.get(key) for r in runs]
+            out[key] = seen[0] if all(v == seen[0] for v in seen) else None
     return out
 
 

@@ -41,7 +41,7 @@ from ..remote import connect
 from ..remote.base import Result
 from ..report import memory_figures
 from ..verify.status import status
-from . import bench, benchdir, choose
+from . import bench, benchdir, choose, power, ship
 from .spec import Experiment, key_of
 from .store import RunRow, Store
 from .variants import Planned, plan_variants
@@ -159,10 +159,15 @@ def dry_run_lines(exp: Experiment, planned: list[Planned], targets: dict[str, be
             continue
         if not p.boots:
             out.append(f"{head}: SKIP, the memory preflight predicts it does not boot: {'; '.join(p.refusals)}")
+            out += memory_lines(p)
             continue
         out.append(f"{head}: deploy, then benchmark through {t.through} with {t.client}'s client"
                    + (" (stand-in engines: token timing is synthetic)" if t.synthetic else ""))
+        out += memory_lines(p)
         out += [f"   {w}" for w in p.warnings]
+        for host, bundle in p.shipped:
+            out.append(f"   ships {bundle.source} ({len(bundle.files)} file{'s' if len(bundle.files) != 1 else ''}, "
+                       f"{bundle.size / 1024:.1f} KiB) to {host.name}:{bundle.folder}, {bundle.env}={bundle.target}")
         for u in p.plan.units:
             out.append(f"   {u.key}: {shlex.join(u.argv)}")
         folder = f"{b.remote_dir}/{bench.run_prefix(exp.name, v.name, b.concurrency[0], 0)}XXXXXXXX"
@@ -171,6 +176,25 @@ def dry_run_lines(exp: Experiment, planned: list[Planned], targets: dict[str, be
         if len(b.concurrency) > 1:
             out.append(f"   ... then --max-concurrency {', '.join(map(str, b.concurrency[1:]))}"
                        + (" while the SLO holds" if exp.slo else ""))
+    return out
+
+
+def memory_lines(p: Planned) -> list[str]:
+    """Every engine's memory verdict in this variant (--dry-run shows each variant's, also the ones run)."""
+    out = []
+    for u in p.plan.units:
+        mem = u.memory
+        if mem is None:
+            if u.role.engine != "sglang_router":
+                out.append(f"   memory {u.key}: not checked (the memory model is SGLang's; {u.role.engine} "
+                           f"engine{', ' + u.role.log_format if u.role.engine == 'command' else ''})")
+            continue
+        verdict = str(mem.get("verdict", "unknown"))
+        margin = f", margin {mem['margin_gib']:+.2f} GiB" if isinstance(mem.get("margin_gib"), (int, float)) else ""
+        kv = f", KV pool {mem['kv_tokens']} tokens" if mem.get("kv_tokens") is not None else ""
+        severity = {"refuse": " (deploy refuses)", "warn": " (inside the estimate's error: goes ahead)"}.get(
+            str(mem.get("severity", "ok")), "")
+        out.append(f"   memory {u.key}: {verdict.upper()}{severity}{margin}{kv}: {mem.get('reason', '')}".rstrip(": "))
     return out
 
 
@@ -213,6 +237,11 @@ def _variant(exp: Experiment, index: int, p: Planned, key: str, t: bench.Target,
     say(f"== {v.name}: deploying {dep} ({', '.join(u.key for u in p.plan.units)})")
     started = time.monotonic()
     try:
+        shipping = _ship(p, say)
+        if shipping is not None:
+            store.finish_variant(key, "deploy-failed", failure=shipping)
+            say(f"== {v.name}: DEPLOY FAILED: {shipping}")
+            return
         result = deploy(p.plan, Options(timeout_s=deploy_timeout_s), calibration)
     except (KeyboardInterrupt, Interrupted):
         _interrupted(store, exp, p, key, t, "while deploying", say)
@@ -265,6 +294,20 @@ def _variant(exp: Experiment, index: int, p: Planned, key: str, t: bench.Target,
         _stop(store, exp, p, t, left)
     if broke is not None:
         say(f"   {dep} is torn down; going on with the next variant")
+
+
+def _ship(p: Planned, say: Say) -> str | None:
+    """The variant's files onto the hosts that run its units, before they start (ship.py); what went
+    wrong, or None."""
+    for host, bundle in p.shipped:
+        try:
+            with connect(host) as remote:
+                ship.upload(remote, bundle)
+        except GpudeployError as exc:
+            return f"shipping {bundle.source} to {host.name} failed: {exc}"
+        n = len(bundle.files)
+        say(f"   shipped {bundle.source} ({n} file{'s' if n != 1 else ''}) to {host.name}:{bundle.folder}")
+    return None
 
 
 def _stop(store: Store, exp: Experiment, p: Planned, t: bench.Target, left: list[str]) -> None:
@@ -347,18 +390,25 @@ def _run(exp: Experiment, p: Planned, key: str, t: bench.Target, store: Store, c
                 box["error"] = f"{type(exc).__name__}: {exc}"
 
         thread = threading.Thread(target=client, name=f"bench-{p.variant.name}-c{concurrency}", daemon=True)
-        thread.start()
-        died_at = None
-        while thread.is_alive():
-            thread.join(WATCH_EVERY_S)
-            if death is None:
-                death = _dead_unit(p.plan)
-                if death is not None:
-                    died_at = time.monotonic()
-                    say(f"   c={concurrency}: {death.unit} DIED under load: {death.cause}")
-            if died_at is not None and time.monotonic() - died_at > AFTER_DEATH_S:
-                say(f"   the client on {t.host.name} is still running; it ends by itself (timeout {b.timeout_s:g} s)")
-                break
+        # NVML on the engine hosts for as long as the client runs (power.py: nothing outlives it; the
+        # samplers end with this block, also on Ctrl-C)
+        with power.Sampling(p.plan, b.timeout_s + bench.KILL_AFTER_S) as sampling:
+            client_started = time.time()
+            thread.start()
+            died_at = None
+            while thread.is_alive():
+                thread.join(WATCH_EVERY_S)
+                if death is None:
+                    death = _dead_unit(p.plan)
+                    if death is not None:
+                        died_at = time.monotonic()
+                        say(f"   c={concurrency}: {death.unit} DIED under load: {death.cause}")
+                if died_at is not None and time.monotonic() - died_at > AFTER_DEATH_S:
+                    say(f"   the client on {t.host.name} is still running; it ends by itself "
+                        f"(timeout {b.timeout_s:g} s)")
+                    break
+            client_ended = time.time()
+        samples = sampling.hosts
         if death is None:
             death = _dead_unit(p.plan)
         wall = time.monotonic() - started
@@ -376,6 +426,10 @@ def _run(exp: Experiment, p: Planned, key: str, t: bench.Target, store: Store, c
         try:
             figures = bench.figures(t.client, bench.parse_result(t.client, raw.decode()), b.prompts, concurrency,
                                     t.gpus)
+            # the samples of the client's measured span: its duration, up to when it ended (+1 s to write)
+            span = figures.get("duration_s") or (client_ended - client_started)
+            figures.update(power.figures(samples, max(client_started, client_ended - span - 1.0), client_ended))
+            figures["output_tok_s_per_w"] = power.per_watt(figures.get("output_tok_s"), figures.get("mean_power_w"))
             ok = death is None
         except ValueError as exc:
             log += f"\ngpudeploy: the result file could not be read: {exc}\n"
@@ -397,9 +451,12 @@ def _brief(f: dict[str, Any]) -> str:
         return f"{v:.1f}" if isinstance(v, (int, float)) else "-"
 
     out = f.get("output_tok_s")
+    watts = f.get("mean_power_w")
+    drawn = (f", {watts:.0f} W ({f.get('output_tok_s_per_w') or 0:.2f} tok/s per W"
+             + (", stand-in NVML" if f.get("power_standin") else "") + ")") if watts else ""
     return (f"{out:.1f} tok/s out, TTFT p50/p99 {ms('median_ttft_ms')}/{ms('p99_ttft_ms')} ms, TPOT p50/p99 "
             f"{ms('median_tpot_ms')}/{ms('p99_tpot_ms')} ms, {f.get('completed')} done, {f.get('failed')} failed"
-            if out is not None else "no figures")
+            f"{drawn}" if out is not None else "no figures")
 
 
 def _dead_unit(plan: Plan) -> Death | None:

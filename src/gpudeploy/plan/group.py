@@ -14,6 +14,7 @@ from dataclasses import replace
 from ..errors import Problem
 from ..model import Group, Host, Inventory, Plan, Role, Unit
 from ..versions import same_release
+from .placement import role_of
 
 
 def plan_groups(inv: Inventory, ports: dict[str, dict[str, dict[str, int]]],
@@ -22,7 +23,7 @@ def plan_groups(inv: Inventory, ports: dict[str, dict[str, dict[str, int]]],
     members: dict[tuple[str, str], list[Host]] = {}
     for h in inv.hosts.values():
         for req in h.placements:
-            role = inv.roles.get(req.role)
+            role = role_of(req, inv.roles)
             if role is not None and role.nnodes > 1:
                 members.setdefault((req.deployment or h.deployment, role.name), []).append(h)
     out: dict[tuple[str, str, str], Group] = {}

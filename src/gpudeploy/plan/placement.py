@@ -19,6 +19,13 @@ class Placement:
     cpus: str | None
 
 
+def role_of(req: PlacementRequest, roles: dict[str, Role]) -> Role | None:
+    """The role a placement runs: the one placed under its name, if that is read from the placement's
+    role file (a name refused for standing for two role files plans nothing of the second)."""
+    role = roles.get(req.role)
+    return role if role is not None and role.file_role == req.file_role else None
+
+
 def place_host(host: Host, roles: dict[str, Role], problems: list[Problem]) -> dict[str, Placement]:
     """Place every role listed on ``host``, in list order, so results are deterministic."""
     free = {n.id: list(n.gpus) for n in host.numa_nodes}
@@ -27,7 +34,7 @@ def place_host(host: Host, roles: dict[str, Role], problems: list[Problem]) -> d
     # Explicit GPU lists first: they are the user's decision and must win over automatic picks.
     ordered = sorted(host.placements, key=lambda p: p.gpus is None)
     for req in ordered:
-        role = roles.get(req.role)
+        role = role_of(req, roles)
         if role is None:
             continue
         placed = _place_one(host, role, req, free, owner, problems)

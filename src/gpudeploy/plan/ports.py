@@ -2,7 +2,9 @@
 
 Scheme (overridable per role with ``ports:``): the n-th SGLang server on a host (in the order of the
 host's ``roles:`` list, counting from 0) gets HTTP 30000+10n and NCCL 30000+10n+5; a prefill gets the
-bootstrap port 8998+n; the router 8000; the n-th command server 18000+10n. A role that spans hosts
+bootstrap port 8998+n; the router 8000; the n-th command server 18000+10n. A placement's own ``port``
+(http) and ``ports`` win over its role file's ``ports:``, which win over the scheme; so the instances
+of one role file (``{role: decode, name: decode-a}``) get a slot each, like different roles. A role that spans hosts
 (``nnodes`` > 1) also gets the dist-init port 20000+10n, which only its leader binds (the
 torch.distributed store; with DP attention SGLang also takes the next five ports for its ZMQ
 sockets, hence the step of 10). A prefill or decode server whose KV transfer is mooncake's (SGLang's
@@ -16,7 +18,8 @@ must lie in 1024-32767: mooncake-transfer-engine 0.3.13.post1 refuses anything e
 from __future__ import annotations
 
 from ..errors import Problem
-from ..model import Host, Role
+from ..model import Host, PlacementRequest, Role
+from .placement import role_of
 
 BASES = {"sglang": 30000, "command": 18000}
 DIST_INIT_BASE = 20000
@@ -41,7 +44,7 @@ def assign_ports(host: Host, roles: dict[str, Role], problems: list[Problem]) ->
     slots = {"sglang": 0, "command": 0}
     out: dict[str, dict[str, int]] = {}
     for req in host.placements:
-        role = roles.get(req.role)
+        role = role_of(req, roles)
         if role is None:
             continue
         ports: dict[str, int] = {}
@@ -60,31 +63,42 @@ def assign_ports(host: Host, roles: dict[str, Role], problems: list[Problem]) ->
                 if uses_mooncake(role):
                     ports["mooncake_rpc"] = MOONCAKE_RPC_BASE + MOONCAKE_RPC_PORTS * n
         ports.update(role.ports)
+        ports.update(req.ports)  # the placement's own (``port: N`` is http), over the role file's
         out[role.name] = ports
     _check_collisions(host, roles, out, problems)
     return out
 
 
+def _where(role: Role, req: PlacementRequest | None, kind: str) -> tuple[str, int | None]:
+    """A port the placement gave is the inventory's line; else the role file's ``ports:`` line."""
+    if req is not None and kind in req.ports and req.where is not None:
+        return req.where.file, req.where.line
+    return role.file, role.lines.get("ports")
+
+
 def _check_collisions(host: Host, roles: dict[str, Role], ports: dict[str, dict[str, int]],
                       problems: list[Problem]) -> None:
     seen: dict[int, tuple[str, str]] = {}
+    requests = {p.role: p for p in host.placements}
     for role_name, named in ports.items():
         role = roles[role_name]
+        req = requests.get(role_name)
         for kind, first in named.items():
+            file, line = _where(role, req, kind)
             if kind == "mooncake_rpc":
                 low, high = MOONCAKE_PORT_LIMITS
                 if not low <= first <= high - MOONCAKE_RPC_PORTS + 1:
                     problems.append(Problem(
                         f"mooncake's RPC range {first}-{first + MOONCAKE_RPC_PORTS - 1} must lie within "
-                        f"{low}-{high} (mooncake falls back to 15000-17000 otherwise)", file=role.file,
-                        line=role.lines.get("ports"), host=host.name, role=role_name, key=f"ports.{kind}"))
+                        f"{low}-{high} (mooncake falls back to 15000-17000 otherwise)", file=file,
+                        line=line, host=host.name, role=role_name, key=f"ports.{kind}"))
             for port in range(first, first + port_span(kind)):
                 if port in seen:
                     other_role, other_kind = seen[port]
                     problems.append(Problem(
                         f"port {port} ({kind}) is also the {other_kind} port of role {other_role!r} on this "
-                        "host; give one of them another port under ports:",
-                        file=role.file, line=role.lines.get("ports"), host=host.name, role=role_name,
+                        "host; give one of them another port (ports: in its role, or port:/ports: where it "
+                        "is placed)", file=file, line=line, host=host.name, role=role_name,
                         key=f"ports.{kind}"))
                     break
                 seen[port] = (role_name, kind)

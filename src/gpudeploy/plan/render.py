@@ -19,6 +19,7 @@ import jinja2.sandbox
 from ..controlchars import CONTROL as _CONTROL
 from ..controlchars import control_problem
 from ..errors import Problem
+from ..library import template_dirs
 
 _SAFE = re.compile(r"[A-Za-z0-9_@+=:,./-]+")
 
@@ -65,11 +66,14 @@ def env_value(value: str) -> str:
 
 
 class Renderer:
-    def __init__(self, templates_dir: str | Path) -> None:
-        self.dir = Path(templates_dir)
+    def __init__(self, templates_dir: str | Path | None) -> None:
+        """``templates_dir``: the inventory's own templates, searched before the packaged ones
+        (library.template_dirs); None or "": the packaged ones only."""
+        self.dirs = template_dirs(templates_dir)
+        self.dir = self.dirs[0]
         # Not HTML: autoescaping would corrupt unit files. Values are escaped in Python instead.
         self.env = jinja2.sandbox.ImmutableSandboxedEnvironment(
-            loader=jinja2.FileSystemLoader(str(self.dir)),
+            loader=jinja2.FileSystemLoader([str(d) for d in self.dirs]),
             undefined=jinja2.StrictUndefined,
             keep_trailing_newline=True,
             autoescape=False,
@@ -79,18 +83,26 @@ class Renderer:
                **where: Any) -> str | None:
         """Render ``name``; a missing template or variable becomes a Problem naming file and line."""
         try:
-            return self.env.get_template(name).render(**context)
+            template = self.env.get_template(name)
         except jinja2.TemplateNotFound:
-            problems.append(Problem(f"template not found in {self.dir}", file=str(self.dir / name), **where))
+            problems.append(Problem(f"template not found in {' nor '.join(str(d) for d in self.dirs)}",
+                                    file=str(self.dir / name), **where))
+            return None
+        except jinja2.TemplateSyntaxError as exc:
+            problems.append(Problem(f"template syntax error: {exc.message}", file=exc.filename or name,
+                                    line=exc.lineno, **where))
+            return None
+        file = template.filename or str(self.dir / name)
+        try:
+            return template.render(**context)
         except jinja2.TemplateSyntaxError as exc:
             problems.append(Problem(f"template syntax error: {exc.message}", file=exc.filename or name,
                                     line=exc.lineno, **where))
         except jinja2.UndefinedError as exc:
             problems.append(Problem(f"template variable is not defined: {exc.message}",
-                                    file=str(self.dir / name), line=_template_line(exc, name), **where))
+                                    file=file, line=_template_line(exc, name), **where))
         except jinja2.TemplateError as exc:  # e.g. SecurityError: the sandbox refused an attribute
-            problems.append(Problem(f"template error: {exc}", file=str(self.dir / name),
-                                    line=_template_line(exc, name), **where))
+            problems.append(Problem(f"template error: {exc}", file=file, line=_template_line(exc, name), **where))
         return None
 
     def render_string(self, text: str, context: Mapping[str, Any]) -> str:

@@ -42,6 +42,10 @@ class UnitStatus:
     router_view: list[str] = field(default_factory=list)  # an engine as its routers see it
     group: str | None = None  # a multi-node rank: "rank 1 of 2 (leader lab1)"
     group_down: str | None = None  # another rank of its group is down: which, and why
+    # GPU -> what NVML says it draws and does now (power_w, power_limit_w, sm_util_pct, mem_util_pct,
+    # used_gib), for the unit's GPUs; empty without NVML. gpu_standin: the NVML there is a stand-in's.
+    gpu_load: dict[int, dict[str, Any]] = field(default_factory=dict)
+    gpu_standin: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"host": self.host, "unit": self.unit, "role": self.role, "deployment": self.deployment,
@@ -51,7 +55,8 @@ class UnitStatus:
                 "healthy": self.healthy, "deployed": self.deployed, "pids": [p["pid"] for p in self.procs],
                 "orphans": [{"pid": p["pid"], "cmd": p["cmd"]} for p in self.orphans],
                 "last_failure": self.last_failure, "next_step": self.next_step,
-                "group": self.group, "group_down": self.group_down}
+                "group": self.group, "group_down": self.group_down,
+                "gpus": {str(g): v for g, v in self.gpu_load.items()}, "gpu_standin": self.gpu_standin}
 
 
 def status(plan: Plan, hosts: list[Host], group_hosts: tuple[str, ...] = ()
@@ -143,14 +148,28 @@ def read_facts(host: Host, units: list[Unit], facts: dict[str, Any], default: st
         health = "-" if unit is None or not unit.health_url else str(got["status"]) if got and got["status"] else "down"
         s = _status(host, st, unit, health, facts["now"], default)
         mine = {p["pid"] for p in st.procs}
-        for p in (facts.get("gpus") or {}).get("processes", []):
+        nvml = facts.get("gpus") or {}
+        for p in nvml.get("processes", []):
             if p["pid"] in mine:
                 s.gpu_memory[p["gpu"]] = round(s.gpu_memory.get(p["gpu"], 0.0) + p["used"] / 2**30, 2)
+        s.gpu_load, s.gpu_standin = gpu_load(nvml, set(unit.gpus) if unit else set(s.gpu_memory))
         workers = facts.get("http", {}).get(f"{name}#workers")
         if workers is not None and workers.get("status") == 200:
             s.workers = parse_workers(workers.get("json"))
         out.append((s, st))
     return out
+
+
+def gpu_load(nvml: dict[str, Any], gpus: set[int]) -> tuple[dict[int, dict[str, Any]], str | None]:
+    """The probe's NVML devices -> GPU -> its power, utilisation and memory now, for ``gpus``; and
+    what a stand-in NVML says of itself (None for a real driver)."""
+    out: dict[int, dict[str, Any]] = {}
+    for d in nvml.get("devices") or []:
+        if d.get("index") in gpus:
+            out[int(d["index"])] = {"power_w": d.get("power_w"), "power_limit_w": d.get("power_limit_w"),
+                                    "sm_util_pct": d.get("sm_util_pct"), "mem_util_pct": d.get("mem_util_pct"),
+                                    "used_gib": round(d["used"] / 2**30, 2) if d.get("used") is not None else None}
+    return out, nvml.get("standin") if out else None
 
 
 def parse_workers(doc: Any) -> list[dict[str, Any]]:

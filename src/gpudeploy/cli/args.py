@@ -1,0 +1,94 @@
+"""What every task shares: the inventory it reads, the command-line values it checks, and the wrapper
+that turns gpudeploy's own errors (and Ctrl-C) into a message and an exit status."""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from invoke.exceptions import Exit
+
+from .. import interrupt
+from ..errors import GpudeployError
+from ..fanout import raise_open_files
+
+DEFAULT_INVENTORY = "inventory/hosts.yml"
+INVENTORY_ENV = "GPUDEPLOY_INVENTORY"
+INVENTORY_HELP = f"inventory file (default: ${INVENTORY_ENV}, else {DEFAULT_INVENTORY})"
+SELECT = {"inventory": INVENTORY_HELP, "host": "only this host",
+          "role": "only this role (a role file's name also selects its named instances)"}
+FORKS_HELP = "hosts at once (default: min(20 x CPUs, hosts, (open files - 10) / 3), as pyinfra)"
+
+
+def inventory_path(value: str | None, *, must_exist: bool = True) -> str:
+    """The inventory a task reads: ``--inventory``, else ``$GPUDEPLOY_INVENTORY``, else
+    ``inventory/hosts.yml`` in the current folder. A missing file says how to make one."""
+    path = value or os.environ.get(INVENTORY_ENV) or DEFAULT_INVENTORY
+    if must_exist and not Path(path).is_file():
+        source = "--inventory" if value else f"${INVENTORY_ENV}" if os.environ.get(INVENTORY_ENV) else "the default"
+        raise Exit(f"gpudeploy: no inventory at {path} ({source}); `gpudeploy init --host ADDRESS` writes one from "
+                   f"the hosts' own facts, or name yours with --inventory PATH or ${INVENTORY_ENV}", code=1)
+    return path
+
+
+def positive_int(value: str | None, flag: str) -> int | None:
+    if value is None:
+        return None
+    if not str(value).isdigit() or int(value) < 1:
+        raise Exit(f"gpudeploy: {flag} takes a whole number of 1 or more, not {value!r}", code=1)
+    return int(value)
+
+
+def percent(value: str | None, flag: str) -> float:
+    if value is None:
+        return 0.0
+    try:
+        number = float(str(value).rstrip("%"))
+    except ValueError:
+        raise Exit(f"gpudeploy: {flag} takes a percentage (0-100), not {value!r}", code=1) from None
+    if not 0 <= number <= 100:
+        raise Exit(f"gpudeploy: {flag} takes a percentage (0-100), not {value!r}", code=1)
+    return number
+
+
+def seconds(value: str | None, flag: str) -> float | None:
+    """A positive number of seconds from the command line (None when not given)."""
+    if value is None:
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        raise Exit(f"gpudeploy: {flag} takes a number of seconds, not {value!r}", code=1) from None
+    if not 0 < number < float("inf"):
+        raise Exit(f"gpudeploy: {flag} must be more than 0 seconds, got {value!r}", code=1)
+    return number
+
+
+def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn gpudeploy's own errors into a message and exit status 1, never a traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        raise_open_files()
+        interrupt.install()  # Ctrl-C always ends the command within interrupt.GRACE_S
+        try:
+            return fn(*args, **kwargs)
+        except GpudeployError as exc:
+            raise Exit(f"gpudeploy: {exc}", code=1) from None
+        except KeyboardInterrupt:
+            print("gpudeploy: interrupted", file=sys.stderr)
+            interrupt.leave(130)  # never waits for worker threads still on a host
+
+    return wrapper
+
+
+def calibration() -> Any:
+    """The memory figures earlier runs measured (plan/calibrate.py), loaded only by tasks that plan memory."""
+    from ..plan.calibrate import CalibrationStore
+    from ..plan.memcheck import DEFAULT_STORE
+
+    return CalibrationStore(DEFAULT_STORE)

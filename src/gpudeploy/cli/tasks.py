@@ -1,0 +1,448 @@
+"""The gpudeploy tasks: one collection behind both commands, ``gpudeploy`` (the console script, any
+folder) and ``invoke`` in gpudeploy's own repository (tasks.py adds the lab's tasks to it).
+
+    gpudeploy init       --host ADDR [--host ADDR ...] [--out inventory/hosts.yml] [--force]
+    gpudeploy roles      [--inventory F]
+    gpudeploy plan       [--host H] [--role R] [--json] [--suggest]
+    gpudeploy deploy     [--host H] [--role R] [--deployment D] [--check] [--force] [--timeout S] ...
+                         [--rolling | --no-rolling] [--allow-downtime]
+    gpudeploy status     [--host H] [--role R] [--deployment D] [--json] [--watch]
+    gpudeploy teardown   [--host H] [--role R] [--deployment D] [--purge]
+    gpudeploy logs       --host H --role R [--follow]
+    gpudeploy facts      [--host H] [--json]
+    gpudeploy render     --target k8s [--out DIR] [--deployment D] [--image I] [--model-pvc C]
+    gpudeploy experiment --file F [--dry-run] [--resume]
+    gpudeploy experiment.show --file F [--json] [--plot PNG]
+
+Each task parses its flags, calls the package, prints and exits; every one is wrapped by
+:func:`~gpudeploy.cli.args.user_errors` (gpudeploy's errors become a message and exit 1, Ctrl-C ends
+the command within ``interrupt.GRACE_S`` with 130). ``--inventory`` defaults to
+``$GPUDEPLOY_INVENTORY``, else ``inventory/hosts.yml`` of the current folder.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from contextlib import redirect_stdout
+from typing import Any
+
+from invoke.collection import Collection
+from invoke.context import Context
+from invoke.exceptions import Exit
+from invoke.tasks import task
+
+from .. import interrupt
+from ..fanout import Interrupted, set_forks
+from ..plan import load_plan
+from ..report import deploy_records, deploy_summary, interrupted_text, plan_json, plan_text, status_text
+from .args import (
+    FORKS_HELP,
+    SELECT,
+    calibration,
+    inventory_path,
+    percent,
+    positive_int,
+    seconds,
+    user_errors,
+)
+
+
+def plan_and_hosts(inventory: str, host: str | None, role: str | None,
+                   deployment: str | None = None) -> tuple[Any, list[Any], tuple[str, ...]]:
+    """The plan for a read-or-stop command (no memory check), the hosts it looks at (the one asked
+    for, the hosts of the deployment asked for, or all of them), and among those the hosts added
+    only because a selected multi-node group has ranks there (a group is one engine)."""
+    p = load_plan(inventory, host=host, role=role, deployment=deployment, memory=False)
+    on = {u.host.name for u in p.units}
+    picked = [h for h in p.inventory.hosts.values()
+              if (host is None or h.name == host) and (deployment is None or h.name in on)]
+    names = {h.name for h in picked}
+    mates = tuple(sorted({u.host.name for u in p.units if u.group is not None} - names))
+    return p, picked + [p.inventory.hosts[n] for n in mates], mates
+
+
+def plan_learning_flags(inventory: str, **kwargs: Any) -> Any:
+    """The plan; when a host runs a release gpudeploy has not captured, read its --help there
+    first (once: it is kept on this machine) and plan again."""
+    from ..errors import InputError
+    from ..plan.flags import FlagsNotKnown
+
+    try:
+        return load_plan(inventory, **kwargs)
+    except InputError as exc:
+        needed = [p for p in exc.problems if isinstance(p, FlagsNotKnown)]
+        if not needed or len(needed) != len(exc.problems):
+            raise
+        from ..apply.learn import learn
+        from ..inventory import load_inventory
+
+        learn(load_inventory(inventory), needed)
+    return load_plan(inventory, **kwargs)
+
+
+
+@task(help={**SELECT, "json": "one JSON document on stdout",
+            "suggest": "also list memory settings that fit, with the KV tokens each leaves"})
+@user_errors
+def plan(c: Context, inventory: str | None = None, host: str | None = None, role: str | None = None,
+         json_: bool = False, suggest: bool = False) -> None:
+    """Show what would run where (GPUs, NUMA, ports, command, env, files, memory) without touching anything."""
+    inventory = inventory_path(inventory)
+    # a release gpudeploy has not captured plans with the nearest captured one's flags, marked so;
+    # deploy reads the host's own --help before it renders anything
+    p = load_plan(inventory, host=host, role=role, store=calibration(), suggest=suggest, offline_flags=True)
+    if json_:
+        json.dump(plan_json(p), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(plan_text(p))
+
+
+@task(help={**SELECT, "deployment": "only this deployment (all its hosts)",
+            "force": "deploy even when the memory check predicts OOM or GPUs are busy",
+            "timeout": "seconds to wait for /health (default: the role's health.timeout_s)",
+            "keep_on_failure": "when a deployment fails, leave what this run started running, for debugging",
+            "check": "show what would change on the hosts, with diffs, and change nothing",
+            "serial": "roll out in batches of deployments, e.g. 1,25%,100% (a canary first)",
+            "max_fail_percent": "with --serial: stop when more than this share of deployments failed (default 0)",
+            "json": "one JSON record per host and unit, and per deployment, on stdout",
+            "only_failed": "deploy only the deployments the last deploy of this inventory did not make ready",
+            "rolling": "always roll changed engines through the router (default: when the deployment serves now)",
+            "no_rolling": "never roll: restart what changed",
+            "allow_downtime": "when there is no room for a rolling update, restart plainly instead of refusing",
+            "forks": FORKS_HELP})
+@user_errors
+def deploy(c: Context, host: str | None = None, inventory: str | None = None, role: str | None = None,
+           deployment: str | None = None, force: bool = False, timeout: str | None = None,
+           keep_on_failure: bool = False, check: bool = False, serial: str | None = None,
+           max_fail_percent: str | None = None, json_: bool = False, only_failed: bool = False,
+           forks: str | None = None, rolling: bool = False, no_rolling: bool = False,
+           allow_downtime: bool = False) -> None:
+    """Deploy whole deployments: every engine on every host, then the routers, then a real generation.
+
+    --host H without --role deploys the deployments that have units on H, on all their hosts.
+    """
+    inventory = inventory_path(inventory)
+    from dataclasses import replace
+
+    from ..apply import results as last
+    from ..apply.deploy import Options
+    from ..apply.deployment import deploy as run_deploy
+    from ..apply.rollout import parse_serial
+
+    timeout_s = seconds(timeout, "--timeout")
+    set_forks(positive_int(forks, "--forks"))
+    batches = tuple(parse_serial(serial)) if serial else ()
+    budget = percent(max_fail_percent, "--max-fail-percent")
+    p = plan_learning_flags(inventory, host=host, role=role, deployment=deployment, whole=True, store=calibration())
+    if only_failed:
+        wanted = last.not_ready(inventory)
+        if wanted is None:
+            raise Exit(f"gpudeploy: no earlier deploy of {inventory} is recorded here; run deploy first", code=1)
+        p = replace(p, units=tuple(u for u in p.units if u.deployment in wanted))
+        print(f"--only-failed: {', '.join(wanted) or 'nothing failed last time'}", file=sys.stderr)
+    if not p.units:
+        print(f"nothing is placed on {host or 'any host'}")
+        return
+    say_to = sys.stderr if json_ else sys.stdout
+    if rolling and no_rolling:
+        raise Exit("gpudeploy: --rolling and --no-rolling contradict each other", code=1)
+    opts = Options(force=force, timeout_s=timeout_s, keep_on_failure=keep_on_failure, check=check,
+                   serial=batches, max_fail_percent=budget, allow_downtime=allow_downtime,
+                   rolling="always" if rolling else "never" if no_rolling else "auto")
+    try:
+        with redirect_stdout(say_to):
+            result = run_deploy(p, opts, None if check else calibration())
+    except Interrupted as exc:
+        print(deploy_summary(exc.results)[0])
+        print(interrupted_text(exc.results))
+        interrupt.leave(130)
+    text, ok = deploy_summary(result)
+    records = deploy_records(result)
+    if not check:
+        last.save(inventory, records)
+    if json_:
+        json.dump(records, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print(text)
+    if not ok:
+        raise Exit(code=1)
+
+
+@task(help={**SELECT, "json": "one JSON document on stdout", "deployment": "only this deployment",
+            "forks": FORKS_HELP,
+            "watch": "keep watching until Ctrl-C (exit 130): states, health and the routers' workers; "
+                     "a death at once, with its cause"})
+@user_errors
+def status(c: Context, inventory: str | None = None, host: str | None = None, role: str | None = None,
+           deployment: str | None = None, json_: bool = False, forks: str | None = None,
+           watch: bool = False) -> None:
+    """Every gpudeploy unit by deployment: state, PID, uptime, ports, /health, the router's view of it."""
+    inventory = inventory_path(inventory)
+    from ..errors import GpudeployError as Err
+    from ..verify.status import status as run_status
+
+    set_forks(positive_int(forks, "--forks"))
+    if watch and json_:
+        raise Exit("gpudeploy: --watch is a live view and --json one document: use one of them", code=1)
+    p, hosts, mates = plan_and_hosts(inventory, host, role, deployment)
+    if watch:
+        from ..verify.watch import watch_status
+
+        named = {u.role.name for u in p.units}  # --role R: R, and R's named instances
+        watch_status(p, hosts, mates, status_text, keep=lambda s: (role is None or s.role in named | {role})
+                     and (deployment is None or s.deployment == deployment))
+        return
+    results = run_status(p, hosts, mates)
+    if role is not None or deployment is not None:
+        named = {u.role.name for u in p.units}  # --role R: R, and R's named instances
+        results = {h: (r if isinstance(r, Err) else [s for s in r if (role is None or s.role in named | {role})
+                                                     and (deployment is None or s.deployment == deployment)])
+                   for h, r in results.items()}
+    text, ok = status_text(results)
+    if json_:
+        doc = {h: ({"error": str(r)} if isinstance(r, Err) else {"units": [s.to_json() for s in r]})
+               for h, r in results.items()}
+        deps: dict[str, Any] = {}
+        for r in results.values():
+            for s in [] if isinstance(r, Err) else r:
+                d = deps.setdefault(s.deployment, {"units": [], "healthy": True})
+                d["units"].append(f"{s.host}/{s.role}")
+                d["healthy"] = d["healthy"] and (s.healthy or not s.deployed)
+        json.dump({"hosts": doc, "deployments": deps, "healthy": ok}, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print(text)
+    if not ok or any(isinstance(r, Err) for r in results.values()):
+        raise Exit(code=1)
+
+
+@task(help={**SELECT, "deployment": "only this deployment (all its hosts)",
+            "purge": "also remove unit files, env files, run records and state directories", "forks": FORKS_HELP})
+@user_errors
+def teardown(c: Context, inventory: str | None = None, host: str | None = None, role: str | None = None,
+             deployment: str | None = None, purge: bool = False, forks: str | None = None) -> None:
+    """Stop units (routers, then decode, then prefill) and prove nothing of them is left, GPUs free."""
+    inventory = inventory_path(inventory)
+    from ..apply.teardown import teardown as run_teardown
+    from ..errors import GpudeployError as Err
+
+    set_forks(positive_int(forks, "--forks"))
+    p, hosts, mates = plan_and_hosts(inventory, host, role, deployment)
+    from ..plan.build import deployments
+
+    # Without --role, also the units of these deployments the inventory no longer places.
+    whole = [] if role is not None else [deployment] if deployment else sorted(deployments(p.inventory))
+    if mates:
+        print(f"also on {', '.join(mates)}: the other ranks of the multi-node group(s) selected "
+              "(a group stops whole)")
+    results = run_teardown(p, hosts, purge=purge, deployments=whole, group_hosts=mates)
+    ok = True
+    for h, res in results.items():
+        if isinstance(res, Err):
+            ok = False
+            print(f"{h}: FAILED: {res}")
+            continue
+        if not res:
+            print(f"{h}: nothing deployed")
+        for o in res:
+            ok = ok and o.clean
+            gpu = "  GPUs " + ", ".join(f"{g}: {v:.1f} GiB used" for g, v in o.gpu_used_gib.items()) \
+                if o.gpu_used_gib else ""
+            killed = f"  killed leftover pids {o.killed}" if o.killed else ""
+            killed += f"  NOT killed: {'; '.join(o.refused)}" if o.refused else ""
+            held = "; ".join(f"GPU {g['gpu']} held by pid {g['pid']} ({g['used'] / 2**30:.1f} GiB, "
+                             f"{g.get('cmd') or '?'})" for g in o.gpu_left)
+            verdict = "clean: no process left" if o.clean else \
+                "NOT CLEAN: " + "; ".join(x for x in (f"pids {o.left} alive" if o.left else "", held) if x)
+            print(f"{h}/{o.role}: was {o.was}; {verdict}{killed}{gpu}{'  (purged)' if o.purged else ''}")
+    if not ok:
+        raise Exit(code=1)
+
+
+@task(help={**SELECT, "follow": "keep printing new lines"})
+@user_errors
+def logs(c: Context, host: str, role: str, inventory: str | None = None, follow: bool = False) -> None:
+    """The journal of the unit's current run only (never lines of earlier runs)."""
+    inventory = inventory_path(inventory)
+    from ..verify.logs import show_logs
+
+    p = load_plan(inventory, host=host, role=role, memory=False)
+    mine = [u for u in p.units if u.host.name == host]  # not a group mate's
+    if len(mine) > 1:
+        raise Exit(f"gpudeploy: role {role} has {len(mine)} instances on {host} "
+                   f"({', '.join(u.role.name for u in mine)}); --role names one of them", code=1)
+    show_logs(mine[0], follow=follow)
+
+
+@task(help={"inventory": SELECT["inventory"], "host": "only this host", "json": "one JSON document on stdout",
+            "forks": FORKS_HELP})
+@user_errors
+def facts(c: Context, inventory: str | None = None, host: str | None = None, json_: bool = False,
+          forks: str | None = None) -> None:
+    """What each host really has: GPUs (NVML: UUID, bus id, NUMA, memory, processes), CPUs, init, engines."""
+    inventory = inventory_path(inventory)
+    from ..errors import GpudeployError as Err
+    from ..facts.host import gather
+    from ..report import facts_text
+
+    set_forks(positive_int(forks, "--forks"))
+    p, hosts, mates = plan_and_hosts(inventory, host, None)
+    results = gather(p, [h for h in hosts if h.name not in mates])
+    text, ok = facts_text(results, p.inventory.hosts)
+    if json_:
+        json.dump({h: ({"error": str(r)} if isinstance(r, Err) else r.to_json()) for h, r in results.items()},
+                  sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print(text)
+    if not ok:
+        raise Exit(code=1)
+
+
+@task(help={"target": "what to render: k8s (LeaderWorkerSet engines, the router as a Deployment, Services, ConfigMaps)",
+            "inventory": SELECT["inventory"], "deployment": "only this deployment",
+            "out": "write <deployment>.yaml and NOTES.md into this directory (default: the YAML on stdout)",
+            "image": "the engines' image (default: lmsysorg/sglang:v<the planned release>)",
+            "router_image": "the router's image (default: --image, else its engines' image)",
+            "model_pvc": "mount the model directory from this PersistentVolumeClaim (default: the node's path)"})
+@user_errors
+def render(c: Context, target: str, inventory: str | None = None, deployment: str | None = None,
+           out: str | None = None, image: str | None = None, router_image: str | None = None,
+           model_pvc: str | None = None) -> None:
+    """The inventory as Kubernetes manifests, validated offline; nothing is written unless all of them pass."""
+    inventory = inventory_path(inventory)
+    from pathlib import Path
+
+    from ..k8s import Options
+    from ..k8s import render as render_k8s
+    from ..k8s.write import summary, write_files
+
+    if target != "k8s":
+        raise Exit(f"gpudeploy: --target {target!r}: the one target so far is k8s", code=1)
+    r = render_k8s(inventory, Options(image=image, router_image=router_image, model_pvc=model_pvc),
+                   deployment=deployment)
+    if not r.manifests:
+        raise Exit(f"gpudeploy: nothing is placed in {inventory}; nothing was written", code=1)
+    if out is None:
+        sys.stdout.write("".join(r.streams.values()))
+        return
+    write_files(Path(out), r.files())
+    sys.stdout.write(summary(Path(out), r.manifests, r.notes))
+
+
+@task(name="run", default=True,
+      help={"file": "the experiment file (YAML, beside the inventory)",
+            "dry_run": "print what would be deployed and run, in order; touch nothing",
+            "resume": "go on with the results folder: variants already finished are not re-run",
+            "timeout": "seconds each deploy may wait for /health (default: the roles' health.timeout_s)"})
+@user_errors
+def experiment_run(c: Context, file: str, dry_run: bool = False, resume: bool = False,
+                   timeout: str | None = None) -> None:
+    """Per variant: memory check, deploy (gate), the engine's own benchmark through the router, record, teardown."""
+    from ..experiment.plot import plot as write_plot
+    from ..experiment.runner import run_experiment
+    from ..experiment.show import summary, table
+    from ..experiment.spec import load_experiment
+
+    exp = load_experiment(file)
+    store = run_experiment(exp, resume=resume, dry_run=dry_run, calibration=calibration(),
+                           deploy_timeout_s=seconds(timeout, "--timeout"))
+    if dry_run:
+        return
+    doc = summary(store)
+    text = table(doc)
+    (store.folder / "table.txt").write_text(text + "\n")
+    png = write_plot(doc, store.folder / "plot.png")
+    print(f"\n{text}\n\nstore {store.path}; table {store.folder / 'table.txt'}; plot {png}")
+
+
+@task(name="show", help={"file": "the experiment file (its results folder is read)",
+                         "results": "or the results folder itself", "json": "one JSON document on stdout",
+                         "plot": "also write the plot (PNG) to this path"})
+@user_errors
+def experiment_show(c: Context, file: str | None = None, results: str | None = None, json_: bool = False,
+                    plot: str | None = None) -> None:
+    """Variant x concurrency: TTFT, TPOT, tok/s (total, per GPU, per user), failures; the best under the SLO marked."""
+    from ..experiment.plot import plot as write_plot
+    from ..experiment.show import summary, table
+    from ..experiment.spec import load_experiment
+    from ..experiment.store import Store
+
+    if (file is None) == (results is None):
+        raise Exit("gpudeploy: experiment.show takes --file F (the experiment file) or --results DIR", code=1)
+    store = Store(results if results is not None else load_experiment(str(file)).results_dir)
+    if not store.exists():
+        raise Exit(f"gpudeploy: no results in {store.folder} yet (invoke experiment --file F runs it)", code=1)
+    doc = summary(store)
+    if plot:
+        write_plot(doc, plot)
+    if json_:
+        json.dump(doc, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print(table(doc))
+
+
+
+
+@task(help={"inventory": "also the roles of this inventory's roles_dir (default: $GPUDEPLOY_INVENTORY, else "
+                         "inventory/hosts.yml, when it exists)",
+            "json": "one JSON document on stdout"})
+@user_errors
+def roles(c: Context, inventory: str | None = None, json_: bool = False) -> None:
+    """The roles a placement may name: the packaged library and the inventory's roles_dir, and where each comes from."""
+    from pathlib import Path
+
+    from ..inventory import own_roles_dir
+    from ..library import available_roles
+    from ..report import roles_text
+
+    path = inventory_path(inventory, must_exist=inventory is not None)
+    found = available_roles(own_roles_dir(path) if Path(path).is_file() else None)
+    if json_:
+        json.dump([{"name": r.name, "file": str(r.path), "source": r.source, "overrides_packaged": r.overrides}
+                   for r in found], sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print(roles_text(found))
+
+
+@task(iterable=["host"],
+      help={"host": "ADDRESS or USER@ADDRESS[:PORT] of a host to describe (repeat for more hosts)",
+            "out": "the inventory to write (default: inventory/hosts.yml)",
+            "force": "overwrite the file if it exists",
+            "user": "ssh user (default: ~/.ssh/config's, else your login name)",
+            "port": "ssh port (default: ~/.ssh/config's, else 22)",
+            "key": "ssh private key (default: your agent and ~/.ssh keys)",
+            "known_hosts": "a known_hosts file to trust besides ~/.ssh/known_hosts and /etc/ssh/ssh_known_hosts",
+            "python": "the interpreter to look for the engines with (default: the python3 each host finds "
+                      "first, and the virtualenvs under /opt)",
+            "deployment": "the deployment's name (default: pd)",
+            "forks": FORKS_HELP})
+@user_errors
+def init(c: Context, host: list[str] | None = None, out: str | None = None, force: bool = False,
+         user: str | None = None, port: str | None = None, key: str | None = None, known_hosts: str | None = None,
+         python: str | None = None, deployment: str = "pd", forks: str | None = None) -> None:
+    """Write an inventory from the hosts' own facts (GPUs, PCI, NUMA, CPUs, init system, engines) with starter roles."""
+    from ..init import InitOptions, init_inventory
+
+    if not host:
+        raise Exit("gpudeploy: init needs --host ADDRESS (once per host)", code=1)
+    set_forks(positive_int(forks, "--forks"))
+    opts = InitOptions(addresses=tuple(host), out=out or inventory_path(None, must_exist=False), force=force,
+                       user=user, port=positive_int(port, "--port"), key=key, known_hosts=known_hosts,
+                       python=python, deployment=deployment)
+    text, ok = init_inventory(opts)
+    print(text)
+    if not ok:
+        raise Exit(code=1)
+
+
+def collection() -> Collection:
+    """Every gpudeploy task (a new Collection each call: tasks.py adds the lab's to its own)."""
+    ns = Collection(init, roles, plan, deploy, status, teardown, logs, facts, render)
+    ns.add_collection(Collection("experiment", experiment_run, experiment_show))
+    return ns
