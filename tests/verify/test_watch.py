@@ -282,13 +282,12 @@ def test_a_clean_exit_is_no_failure() -> None:
 LOCAL_INVENTORY = """
 deployment: t
 roles_dir: roles
-templates_dir: {templates}
 hosts:
   here:
     address: 127.0.0.1
     connection: local
     supervisor: process
-    numa_nodes: [{{gpus: [], cpus: "0"}}]
+    numa_nodes: [{gpus: [], cpus: "0"}]
     roles: [web]
 """
 
@@ -298,7 +297,7 @@ def test_ctrl_c_ends_the_watch_with_130_through_the_command(tmp_path: Path) -> N
     (tmp_path / "roles").mkdir()
     (tmp_path / "roles" / "web.yml").write_text('engine: command\ngpus: 0\nargv: ["/bin/true", "{{ port }}"]\n')
     inv = tmp_path / "hosts.yml"
-    inv.write_text(LOCAL_INVENTORY.format(templates=REPO / "templates"))
+    inv.write_text(LOCAL_INVENTORY)
     proc = subprocess.Popen([sys.executable, "-m", "invoke", "--search-root", str(REPO), "status", "--watch",
                              "--inventory", str(inv)], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
