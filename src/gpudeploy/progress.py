@@ -14,8 +14,13 @@ from typing import TextIO
 
 # SGLang's tqdm lines (tqdm writes "\r"-separated updates; the last one counts):
 #   Loading safetensors checkpoint shards:  50% Completed | 1/2 [00:01<00:01,  1.20it/s]
+#   Multi-thread loading shards: 100% Completed | 1/1 [00:00<00:00, 823.54it/s]
+#     (0.5.23's default loader, model_loader/weight_utils.py buffered_multi_thread_safetensors_weights_iterator;
+#     its BAR_FORMAT has no newline, so one journal record holds the whole bar: normal.log under
+#     tests/verify/data/sglang-0.5.23-cpu/)
 #   Capturing batches (bs=512 avail_mem=21.36 GB):  12%|█▎        | 6/52 [00:02<00:18,  2.45it/s]
-_SHARDS = re.compile(r"Loading (?:safetensors )?checkpoint shards:\s*\d+% Completed \| (\d+)/(\d+)")
+_SHARDS = re.compile(r"(?:Loading (?:safetensors |pt )?checkpoint shards"
+                     r"|Multi-thread loading (?:pt checkpoint )?shards):\s*\d+% Completed \| (\d+)/(\d+)")
 _GRAPHS = re.compile(r"Capturing batches \(bs=(\d+)\s+avail_mem=([\d.]+)\s*GB\):\s*\d+%\|[^|]*\|\s*(\d+)/(\d+)")
 
 

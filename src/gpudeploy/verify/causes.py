@@ -39,12 +39,23 @@ class Cause:
         return "\n".join(lines)
 
 
+# (the run's lines, the index of the matching line, the role's settings, the flag speller) ->
+# (summary, next step): for a rule whose words depend on what the line says (the flag, the module).
+Explain = Callable[[Sequence[str], int, dict[str, object], FlagName], tuple[str, str]]
+
+
 @dataclass(frozen=True)
 class Rule:
     kind: str
     pattern: re.Pattern[str]
     summary: str
     advice: Callable[[dict[str, object], FlagName], str]
+    explain: Explain | None = None
+
+    def words(self, lines: Sequence[str], i: int, settings: dict[str, object], flag: FlagName) -> tuple[str, str]:
+        if self.explain is not None:
+            return self.explain(lines, i, settings, flag)
+        return self.summary, self.advice(settings, flag)
 
 
 def _setting(settings: dict[str, object], name: str, default: str = "SGLang's default") -> str:
@@ -52,10 +63,121 @@ def _setting(settings: dict[str, object], name: str, default: str = "SGLang's de
     return default if value is None else str(value)
 
 
+def _match(rule_pattern: re.Pattern[str], line: str) -> re.Match[str]:
+    m = rule_pattern.search(line)
+    assert m is not None  # only called for the line the rule matched
+    return m
+
+
+# uvicorn's words (both engines): "[Errno 98] error while attempting to bind on address ('127.0.0.1',
+# 30000): address already in use" (real SGLang 0.5.23, tests/verify/data/sglang-0.5.23-cpu/port-in-use.log)
+_BIND_ADDRESS = re.compile(r"bind on address \('([^']*)', (\d+)\)")
+
+
+def _port_words(lines: Sequence[str], i: int, s: dict[str, object], f: FlagName) -> tuple[str, str]:
+    summary = "a port the server needs is already taken on the host"
+    where = "it"
+    m = _BIND_ADDRESS.search(lines[i])
+    if m:
+        summary += f" (port {m.group(2)} on {m.group(1)})"
+        where = f"port {m.group(2)}"
+    return summary, f"find who holds {where} (`ss -ltnp`) or give the role other ports under ports:"
+
+
 # Engine-independent: the kernel's words for a taken port are the same for every server.
 PORT_IN_USE = Rule("port-in-use", re.compile(r"(Address already in use|address already in use|Errno 98)"),
                    "a port the server needs is already taken on the host",
-                   lambda s, f: "find who holds it (`ss -ltnp`) or give the role other ports under ports:")
+                   lambda s, f: "find who holds it (`ss -ltnp`) or give the role other ports under ports:",
+                   _port_words)
+
+# argparse's last line: "sglang serve: error: unrecognized arguments: --no-such-flag 1", "...: error:
+# argument --max-total-tokens: Invalid integer value: 'abc'. Use a plain integer, ..." (0.5.23's own
+# type, srt/utils/common.py human_readable_int), "argument --port: invalid int value: 'x'" (argparse's)
+_ARGPARSE_ERROR = re.compile(r"error: (.*)$")
+
+
+def _argparse_words(what: str, advice: str) -> Explain:
+    def words(lines: Sequence[str], i: int, s: dict[str, object], f: FlagName) -> tuple[str, str]:
+        m = _ARGPARSE_ERROR.search(lines[i])
+        said = m.group(1).strip() if m else ""
+        return (f"{what}: {said}" if said else what), advice
+    return words
+
+
+def _missing_module_words(lines: Sequence[str], i: int, s: dict[str, object], f: FlagName) -> tuple[str, str]:
+    m = _match(MISSING_MODULE, lines[i])
+    module = (m.group(1) or m.group(2) or "?").split(".")[0]
+    package = KNOWN_PACKAGES.get(module, f"the package that provides `{module}`")
+    summary = f"the engine's Python lacks the module `{module}`, so a process could not start"
+    step = f"install {package} into the engine's environment on the host (the role's python)"
+    if module in TRANSFER_MODULES:
+        backend = _setting(s, "disaggregation_transfer_backend", "mooncake (SGLang's default)")
+        step += (f", or choose another {f('disaggregation_transfer_backend')} (now {backend}); SGLang needs it "
+                 "for the KV transfer between prefill and decode")
+    return summary, step
+
+
+# ImportError's or ModuleNotFoundError's last line of a traceback, at the start of the line: a log
+# message that only mentions a missing module ("Ignore import error when loading
+# sglang.srt.models.inkling: No module named 'cutlass'", printed by every healthy 0.5.23 start) is not one.
+MISSING_MODULE = re.compile(r"^(?:ImportError: Please install (\w[\w.-]*)"
+                            r"|(?:ModuleNotFoundError|ImportError): No module named '([\w.]+)')")
+# What to install for the modules SGLang asks for (sglang-cpu.md; mooncake's own install page)
+KNOWN_PACKAGES = {
+    "mooncake": "mooncake (pip: mooncake-transfer-engine; on a host without CUDA, "
+                "mooncake-transfer-engine-non-cuda)",
+    "nixl": "nixl (pip: nixl)",
+}
+TRANSFER_MODULES = ("mooncake", "nixl")
+
+# A model path that does not exist is taken for a hub repo id by transformers: for a local path
+# SGLang 0.5.23 says "OSError: Repo id must be in the form 'repo_name' or 'namespace/repo_name':
+# '/nonexistent/tiny-model'. Use `repo_type` argument if needed." (missing-model.log); vLLM the same.
+MODEL_NOT_FOUND = re.compile(r"(does not appear to have a file named|Invalid repository ID or local directory"
+                             r"|Repo id must be|HFValidationError:|No such file or directory: '[^']*config\.json'"
+                             r"|Can't load the configuration of|LocalEntryNotFoundError|OfflineModeIsEnabled)")
+_QUOTED_PATH = re.compile(r"'(/[^']*)'")
+
+
+def _model_words(engine: str) -> Explain:
+    def words(lines: Sequence[str], i: int, s: dict[str, object], f: FlagName) -> tuple[str, str]:
+        m = next((m for line in lines[i: i + 10] if (m := _QUOTED_PATH.search(line))), None)
+        path = f" {m.group(1)}" if m else ""
+        return (f"{engine} cannot find or read the model{path} (and may not download it: HF_HUB_OFFLINE=1)",
+                "check the role's model path exists on the host with config.json, weights and tokenizer")
+    return words
+
+
+def _worker_words(lines: Sequence[str], i: int, s: dict[str, object], f: FlagName) -> tuple[str, str]:
+    summary = "a TP worker (scheduler) process died, so the server shut itself down"
+    step = "read the worker's own lines above; `invoke logs` shows the whole run"
+    m = next((m for line in lines[i: i + 5] if (m := re.search(r"exit ?code(?:=|: | )(-?\d+)", line))), None)
+    if m:
+        code = int(m.group(1))
+        summary += f" (its exit code {code}" + (": killed by SIGKILL)" if code == -9 else ")")
+        if code == -9:
+            step = ("it was killed (SIGKILL) without a word of its own: the kernel's OOM killer (`dmesg -T | grep -i "
+                    "oom` on the host) or another process; `invoke logs` shows the whole run")
+    return summary, step
+
+
+# A traceback's last line: "RuntimeError: ...", "torch.AcceleratorError: ...", "KeyError: 'x'"
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Warning)\b(?::.*)?$")
+_LOG_RECORD = re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d")
+
+
+def _scheduler_exception_words(lines: Sequence[str], i: int, s: dict[str, object],
+                               f: FlagName) -> tuple[str, str]:
+    """The exception the scheduler's traceback ends with (the record runs until the next log record)."""
+    last = ""
+    for line in lines[i + 1: i + 400]:
+        if _LOG_RECORD.match(line):
+            break
+        if _EXCEPTION_LINE.match(line.strip()):
+            last = line.strip()
+    said = f": {last[:300]}" if last else ""
+    return (f"the scheduler raised an exception while it ran{said}",
+            "the traceback above names where; `invoke logs` shows the whole run")
 
 def _graph_advice(s: dict[str, object], f: FlagName) -> str:
     return (f"lower {f('mem_fraction_static')} (now {_setting(s, 'mem_fraction_static')}) or cap "
@@ -78,6 +200,12 @@ def _kv_empty_advice(s: dict[str, object], f: FlagName) -> str:
                 f"{_setting(s, 'max_running_requests')}) or set {f('max_mamba_cache_size')}, and with "
                 f"{f('mamba_scheduler_strategy')} {strategy} try no_buffer (extra_buffer keeps 2 more slots per "
                 "request); `invoke plan` computes a combination that fits")
+    if s.get("max_total_tokens") is not None:
+        # 0.5.23 caps the pool at --max-total-tokens before it checks it: with 0 it says "Not enough
+        # memory. Please try to increase --mem-fraction-static." whatever the fraction (kv-too-small.log)
+        return (f"the pool is capped by {f('max_total_tokens')} (now {_setting(s, 'max_total_tokens')}): raise it or "
+                f"leave it out; if it is not what limits the pool, raise {f('mem_fraction_static')} (now "
+                f"{_setting(s, 'mem_fraction_static')})")
     return (f"raise {f('mem_fraction_static')} (now {_setting(s, 'mem_fraction_static')}), "
             "or use more GPUs (larger TP) or a smaller/quantized model")
 
@@ -103,7 +231,27 @@ RULES: tuple[Rule, ...] = (
          lambda s, f: "the lines above say what was being allocated; `invoke logs` shows the whole run"),
     Rule("unknown-flag", re.compile(r"error: (unrecognized arguments|argument [^:]+: invalid choice)"),
          "the engine rejected its command line (a flag or value this release does not have)",
-         lambda s, f: "check the engine_versions of the host against the SGLang actually installed there"),
+         lambda s, f: "check the engine_versions of the host against the SGLang actually installed there",
+         _argparse_words("the engine rejected its command line (a flag or value this release does not have)",
+                         "check the engine_versions of the host against the SGLang actually installed there")),
+    # 0.5.23's own integer type (--max-total-tokens, --context-length, --max-prefill-tokens, ...) and
+    # argparse's int/float types (invalid-value.log)
+    Rule("invalid-flag-value", re.compile(r"error: argument [^:]+: (Invalid integer value|invalid \w+ value"
+                                          r"|Decimals are not allowed)"),
+         "the engine rejected the value of a flag",
+         lambda s, f: "fix that value in the role's settings (`invoke plan` shows the command)",
+         _argparse_words("the engine rejected the value of a flag",
+                         "fix that value in the role's settings (`invoke plan` shows the command)")),
+    # The lab's PD prefill without mooncake: "ImportError: Please install mooncake by following the
+    # instructions at https://kvcache-ai.github.io/Mooncake/... to run SGLang with MooncakeTransferEngine."
+    # from srt/distributed/device_communicators/mooncake_transfer_engine.py, after "ModuleNotFoundError:
+    # No module named 'mooncake'"; then the launcher SIGKILLs itself (missing-module.log)
+    Rule("missing-module", MISSING_MODULE, "the engine's Python lacks a module it needs",
+         lambda s, f: "install it into the engine's environment on the host", _missing_module_words),
+    Rule("model-not-found", MODEL_NOT_FOUND,
+         "SGLang cannot find or read the model directory (and may not download it: HF_HUB_OFFLINE=1)",
+         lambda s, f: "check the role's model path exists on the host with config.json, weights and tokenizer",
+         _model_words("SGLang")),
     PORT_IN_USE,
     # A multi-node group's other node went away: its gloo (or NCCL) connections broke. Before the
     # generic rules: the launcher's "Received sigquit" follows it. The cause is that other rank's.
@@ -124,13 +272,30 @@ RULES: tuple[Rule, ...] = (
          lambda s, f: (f"a kernel failed at this load: rerun with CUDA_LAUNCH_BLOCKING=1 in the role's env to name "
                        f"it; lowering {f('max_running_requests')} (now {_setting(s, 'max_running_requests')}) or "
                        f"{f('cuda_graph_max_bs')} avoids the batch sizes that hit it")),
-    Rule("worker-died", re.compile(r"(Rank \d+ scheduler is dead|Child process unexpectedly failed|"
-                                   r"scheduler is dead|Initialization failed\. warmup error)"),
-         "a TP worker (scheduler) process died, so the server shut itself down",
-         lambda s, f: "read the worker's own lines above; `invoke logs` shows the whole run"),
     Rule("unbalanced-memory", re.compile(r"The memory capacity is unbalanced"),
          "the GPUs of this server have different free memory: other processes are using some of them",
          lambda s, f: "`invoke status` lists GPU processes that belong to no unit; stop them first"),
+    # Any other exception of a scheduler (0.5.23 scheduler.py run_scheduler_process: "Scheduler hit an
+    # exception: <traceback>", then SIGQUIT to the launcher): after the specific rules above, whose texts
+    # come inside such a traceback, and before the launcher's words about the death that follows.
+    Rule("scheduler-exception", re.compile(r"Scheduler hit an exception"),
+         "the scheduler raised an exception while it ran",
+         lambda s, f: "the traceback above names where; `invoke logs` shows the whole run",
+         _scheduler_exception_words),
+    # A scheduler that died without a word (SIGKILL): 0.5.9 "Rank N scheduler is dead", "Child process
+    # unexpectedly failed with exitcode=-9"; 0.5.23 before ready "RuntimeError: Rank 0 scheduler died
+    # during initialization (exit code: -9). ..." (engine.py _scheduler_died_error), after ready the
+    # watchdog's "Subprocess scheduler_0 (pid=N) crashed with exit code -9. Triggering SIGQUIT for
+    # cleanup..." (utils/watchdog.py); then the launcher's SIGQUIT words, in the launch phase "Received
+    # sigquit from a child process. It usually means the child failed.", once serving "SIGQUIT received.
+    # signum=None, frame=None. It usually means one child failed." (scheduler-killed-*.log)
+    Rule("worker-died", re.compile(r"(Rank \d+ scheduler is dead|Child process unexpectedly failed|"
+                                   r"scheduler is dead|Initialization failed\. warmup error"
+                                   r"|scheduler died during initialization|Subprocess scheduler_\d+ \(pid=\d+\) crashed"
+                                   r"|Received sigquit from a child process|It usually means one child failed)"),
+         "a TP worker (scheduler) process died, so the server shut itself down",
+         lambda s, f: "read the worker's own lines above; `invoke logs` shows the whole run",
+         _worker_words),
 )
 
 # What a CUDA OOM means, by the phase it came in (memory.logparse's OOM_MEANS): cause, summary, advice.
@@ -204,12 +369,10 @@ VLLM_RULES: tuple[Rule, ...] = (
          "--max-model-len is longer than the model's own context length",
          lambda s, f: (f"lower {f('max_model_len')} (now {_vllm(s, 'max_model_len')}) to the model's "
                        "max_position_embeddings")),
-    Rule("model-not-found",
-         re.compile(r"(does not appear to have a file named|Invalid repository ID or local directory"
-                    r"|Repo id must be|HFValidationError|No such file or directory: '[^']*config\.json'"
-                    r"|Can't load the configuration of|LocalEntryNotFoundError|OfflineModeIsEnabled)"),
+    Rule("model-not-found", MODEL_NOT_FOUND,
          "vLLM cannot find or read the model directory (and may not download it: HF_HUB_OFFLINE=1)",
-         lambda s, f: "check the role's model path exists on the host with config.json, weights and tokenizer"),
+         lambda s, f: "check the role's model path exists on the host with config.json, weights and tokenizer",
+         _model_words("vLLM")),
     Rule("unsupported-attention", re.compile(r"Unsupported CPU attention configuration"),
          "the CPU attention backend does not support this model's shape (head_dim must be >= 32)",
          lambda s, f: "use a model with a larger head_dim (hidden_size / num_attention_heads)"),
@@ -297,7 +460,8 @@ def classify(lines: Sequence[str], settings: dict[str, object] | None = None,
                 evidence = tuple(lines[max(0, i - 1): i + 4])
                 if rule.kind == "cuda-oom":
                     return _oom_cause(lines, settings, flag, evidence)
-                return Cause(rule.kind, rule.summary, evidence, rule.advice(settings, flag))
+                summary, step = rule.words(lines, i, settings, flag)
+                return Cause(rule.kind, summary, evidence, step)
     if exited:
         tail = tuple(lines[-5:])
         status = f" ({exit_status})" if exit_status else ""
