@@ -130,9 +130,7 @@ def parse_help(text: str) -> dict[str, FlagSpec]:
         # e.g. "--policy {random,round_robin}, -p {random,round_robin}" or "--prefill PREFILL [PREFILL ...]"
         for part in _split_aliases(m.group(1)):
             words = part.split(" ", 1)
-            name = words[0]
-            if not name.startswith("--"):
-                continue
+            name = words[0]  # "-h" too: argparse's short aliases are options of their own
             metavar = words[1] if len(words) > 1 else ""
             choices = None
             cm = re.match(r"\{([^}]*)\}", metavar)
@@ -141,6 +139,8 @@ def parse_help(text: str) -> dict[str, FlagSpec]:
             nargs: str | int | None = None
             if "..." in metavar:
                 nargs = "*" if metavar.startswith("[") else "+"
+            elif metavar.startswith("[") and metavar.endswith("]"):
+                nargs = "?"  # "--model-checksum [MODEL_CHECKSUM]": the value may be left out
             elif metavar == "":
                 nargs = 0
             flags[name] = FlagSpec(name, metavar != "", nargs, choices)

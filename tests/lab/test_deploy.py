@@ -101,10 +101,16 @@ def test_hang_times_out_with_last_phase_and_is_stopped(deployments: Deployments,
     assert unit_pids(lab, "lab2", "gpudeploy-hang.srv.service") == []
 
 
-def test_crash_after_ready_shows_in_status(deployments: Deployments) -> None:
-    inv = deployments.inventory("crash", {"srv": standin_role("crash-after-ready")})
+def test_crash_after_ready_shows_in_status(deployments: Deployments, lab: Lab) -> None:
+    # The crash comes when the test says (a file appears), not after a delay that a slow gate outlasts.
+    role = standin_role("crash-after-ready")
+    role["env"]["SGLANG_STANDIN_FAULT_WHEN"] = "/run/gpudeploy-test-crash-now"
+    inv = deployments.inventory("crash", {"srv": role})
+    lab.ssh("lab2", "rm -f /run/gpudeploy-test-crash-now", check=True)
     res = gd("deploy", "--inventory", str(inv), "--host", "lab2")
     assert res.returncode == 0, res.stdout
+    assert gd("status", "--inventory", str(inv)).returncode == 0
+    lab.ssh("lab2", "touch /run/gpudeploy-test-crash-now", check=True)
     unit = wait_for(lambda: next((u for u in status_json(inv)["hosts"]["lab2"]["units"]
                                   if u["state"].startswith("failed")), None), 20, "the crash to show")
     assert unit["last_failure"], unit

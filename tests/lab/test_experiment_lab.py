@@ -100,7 +100,7 @@ def test_real_vllm_two_variants_store_matches_the_clients_json(deployments: Depl
     doc = show(exp)
     for name in ("seqs-1", "seqs-4"):
         v = variant(doc, name)
-        assert v["status"] == "measured" and v["timing"] == "measured" and not v["synthetic"], v
+        assert v["status"] == "measured" and v["timing"] == "measured (CPU)" and not v["synthetic"], v
         assert v["engine_release"] == "vllm 0.32.0", v
         assert any("KV cache" in line for lines in v["memory"].values() for line in lines), v["memory"]
         argv = next(u["argv"] for u in v["units"] if u["role"] == "vllm-tiny")

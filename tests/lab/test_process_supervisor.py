@@ -81,9 +81,14 @@ def test_hang_times_out_with_last_phase_and_leaves_nothing(deployments: Deployme
     assert unit["pids"] == [] and unit["orphans"] == [], unit
 
 
-def test_crash_after_ready_shows_in_status(deployments: Deployments) -> None:
-    inv = inventory(deployments, "pcrash", {"srv": standin_role("crash-after-ready")})
-    assert gd("deploy", "--inventory", str(inv), "--host", HOST).returncode == 0
+def test_crash_after_ready_shows_in_status(deployments: Deployments, lab: Lab) -> None:
+    role = standin_role("crash-after-ready")
+    role["env"]["SGLANG_STANDIN_FAULT_WHEN"] = "/run/gpudeploy-test-crash-now"
+    inv = inventory(deployments, "pcrash", {"srv": role})
+    lab.ssh(HOST, "rm -f /run/gpudeploy-test-crash-now", check=True)
+    res = gd("deploy", "--inventory", str(inv), "--host", HOST)
+    assert res.returncode == 0, res.stdout
+    lab.ssh(HOST, "touch /run/gpudeploy-test-crash-now", check=True)
     unit = wait_for(lambda: next((u for u in status_json(inv)["hosts"][HOST]["units"]
                                   if u["state"].startswith("failed")), None), 20, "the crash to show")
     assert "illegal memory access" in (unit["last_failure"] or "") or unit["last_failure"], unit

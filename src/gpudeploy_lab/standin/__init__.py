@@ -23,6 +23,8 @@ Environment contract (all optional):
   SGLANG_STANDIN_GPU_PROCS_DIR      fake-NVML process records (/run/gpudeploy-lab/gpu-procs)
   SGLANG_STANDIN_FAULT              fault to inject, see ``FAULTS``
   SGLANG_STANDIN_FAULT_AFTER        seconds, for faults that happen after a delay
+  SGLANG_STANDIN_FAULT_WHEN         a path: crash-after-ready waits for it to exist instead (a test
+                                    says when, so no delay races the deploy's own gate)
   GPUDEPLOY_LAB_GPUS                GPU inventory JSON (/etc/gpudeploy-lab/gpus.json)
   CUDA_VISIBLE_DEVICES              indices or GPU UUIDs; rank r uses entry base_gpu_id + r * gpu_id_step
 
@@ -59,8 +61,9 @@ Faults (SGLANG_STANDIN_FAULT; an unknown name exits 2):
   silent-exit        exit 1 halfway through loading weights, printing nothing
   hang               stops after "Capture cuda graph begin" forever, port closed
   hang-warmup        HTTP up, /health 503 forever
-  crash-after-ready  ready, then after SGLANG_STANDIN_FAULT_AFTER s (1) rank 0 logs a CUDA illegal
-                     memory access and the server exits 1
+  crash-after-ready  ready, then after SGLANG_STANDIN_FAULT_AFTER s (1), or once the file
+                     SGLANG_STANDIN_FAULT_WHEN exists, rank 0 logs a CUDA illegal memory access and
+                     the server exits 1
   crash-after-requests  dies under load: ready and serving; once it has taken SGLANG_STANDIN_FAULT_AFTER
                      generation requests (10), rank 0 logs the same CUDA illegal memory access and the
                      server exits 1 (the smoke generation before is request 1)

@@ -700,10 +700,14 @@ class Engine:
                     continue
                 self.state.phase = "ready"
                 emit("The server is fired up and ready to roll!", "TP0")
-                if self.fault == "crash-after-ready":
+                if self.fault == "crash-after-ready" and not os.environ.get("SGLANG_STANDIN_FAULT_WHEN"):
                     crash_at = now + env_float("SGLANG_STANDIN_FAULT_AFTER", 1.0)
             if (self.fault == "crash-after-requests" and not crashed and self.state.phase == "ready"
                     and self.state.requests >= env_float("SGLANG_STANDIN_FAULT_AFTER", 10.0)):
+                crash_at = now
+            trigger = os.environ.get("SGLANG_STANDIN_FAULT_WHEN")
+            if (self.fault == "crash-after-ready" and trigger and not crashed and self.state.phase == "ready"
+                    and os.path.exists(trigger)):
                 crash_at = now
             if crash_at is not None and not crashed and now >= crash_at:
                 crashed = True
