@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -92,7 +93,8 @@ def test_install_init_deploy_status_teardown_with_the_packaged_roles(installed: 
     assert host["roles"] == [{"role": "prefill", "gpus": [0, 1, 2, 3]}, {"role": "decode", "gpus": [4, 5, 6, 7]},
                              "router"]
     assert all(g["pci_bus_id"] in text for g in gpus_json)  # PCI bus ids as comments
-    assert "this NVML says it is a stand-in" in text and "/opt/gpudeploy/engines/vllm/venv/bin/python3" in text
+    prose = re.sub(r"\n *# *", " ", text)  # comments are wrapped at 104 columns
+    assert "this NVML says it is a stand-in" in prose and "/opt/gpudeploy/engines/vllm/venv/bin/python3" in prose
     assert doc["defaults"]["ssh"] == {"user": "root", "key": KEY, "known_hosts": KNOWN_HOSTS}
     again = user(installed, own_folder, "init", "--host", address)
     assert again.returncode == 1 and "exists; init never overwrites" in again.stderr and written.read_text() == text

@@ -74,7 +74,8 @@ def test_status_watch_shows_a_killed_engines_cause_at_once(deployments: Deployme
         killed = time.time()
         shown, line = _next(lines, "lab2/srv:", 30, seen)
         assert "active/running -> failed/failed" in line, line
-        assert "FAILED: a TP worker (scheduler) process died, so the server shut itself down; next step: " in line
+        assert ("FAILED: a TP worker (scheduler) process died, so the server shut itself down (its exit code -9: "
+                "killed by SIGKILL); next step: it was killed (SIGKILL)") in line, line
         evidence = []
         while True:  # the run's own lines that show the cause come right after, indented
             try:

@@ -99,6 +99,58 @@ def test_greedy_output_through_the_pair_is_a_single_servers(pair: subprocess.Com
         assert generate(router, prompt) == generate(single, prompt), prompt
 
 
+def test_a_decode_that_cannot_reach_its_prefill_is_refused_before_anything_changes(
+        pair: subprocess.CompletedProcess[str], lab: Lab) -> None:
+    # The KV handshake starts at prefill's bootstrap port; on lab2 (decode) lab1 gets no route.
+    assert pair.returncode == 0
+    pids = {h: unit_pids(lab, h, unit_name("lab-sglang", r)) for h, r in
+            (("lab1", "sglang-cpu-prefill"), ("lab2", "sglang-cpu-decode"))}
+    lab.ssh("lab2", "ip route add unreachable 10.231.0.11/32", check=True)
+    try:
+        res = gd("deploy", "--inventory", str(PAIR))
+    finally:
+        lab.ssh("lab2", "ip route del unreachable 10.231.0.11/32", check=True)
+    out = res.stdout + res.stderr
+    assert res.returncode == 1, out
+    assert re.search(r"lab2/sglang-cpu-decode cannot reach 10\.231\.0\.11:\d+ \(prefill lab1/sglang-cpu-prefill "
+                     r"bootstrap\) from lab2: unreachable", out), out
+    assert "preflight failed, nothing was changed" in out, out
+    assert {h: unit_pids(lab, h, unit_name("lab-sglang", r)) for h, r in
+            (("lab1", "sglang-cpu-prefill"), ("lab2", "sglang-cpu-decode"))} == pids
+
+
+def test_a_setting_the_real_argparse_refuses_is_named_with_its_value(fault_host: str,
+                                                                      deployments: Deployments) -> None:
+    # gpudeploy knows the flag (so the plan passes it) but not its type: the real argparse says.
+    inv = deployments.inventory("rval", {"srv": real_role(settings={"max_total_tokens": "abc"})}, host=fault_host)
+    res = gd("deploy", "--inventory", str(inv), timeout=600)
+    out = res.stdout + res.stderr
+    assert res.returncode == 1, out
+    assert "--max-total-tokens" in out and "Invalid integer value: 'abc'" in out, out
+    assert "role's settings" in out, out  # the fix: where the value comes from
+    assert "not ready after" not in out
+
+
+def test_a_model_path_that_does_not_exist_is_named(fault_host: str, deployments: Deployments) -> None:
+    role = real_role()
+    role["model"] = {"path": "/models/no-such-model"}
+    inv = deployments.inventory("rmodel", {"srv": role}, host=fault_host)
+    res = gd("deploy", "--inventory", str(inv), timeout=600)
+    out = res.stdout + res.stderr
+    assert res.returncode == 1, out
+    assert "/models/no-such-model" in out and "not ready after" not in out, out
+
+
+def test_a_kv_budget_of_nothing_is_the_pools_cause_with_the_setting_to_raise(fault_host: str,
+                                                                             deployments: Deployments) -> None:
+    inv = deployments.inventory("rkv", {"srv": real_role(settings={"max_total_tokens": 0})}, host=fault_host)
+    res = gd("deploy", "--inventory", str(inv), timeout=600)
+    out = res.stdout + res.stderr
+    assert res.returncode == 1, out
+    assert "KV cache pool came out empty" in out and "--max-total-tokens (now 0)" in out, out
+    assert "Not enough memory" in out, out  # the real engine's own line, in the excerpt
+
+
 def _interrupt_when(proc: subprocess.Popen[str], marker: str, act: Any) -> str:
     """Read the deploy's output until ``marker``, call ``act()``, read the rest."""
     assert proc.stdout is not None
