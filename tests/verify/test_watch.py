@@ -326,3 +326,17 @@ def test_watch_and_json_do_not_go_together(tmp_path: Path) -> None:
                          timeout=60)
     assert res.returncode == 1
     assert "gpudeploy: --watch is a live view and --json one document: use one of them" in res.stderr
+
+
+def test_ctrl_c_that_reached_the_cancel_first_still_ends_the_watch_as_interrupted(
+        host: FakeHost, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Ctrl-C's listener sets every Cancel (so the watch's stop) and may do so before the main
+    # thread's KeyboardInterrupt: the loop then ends by itself, and must still say so and raise.
+    from gpudeploy import interrupt
+    monkeypatch.setattr(interrupt, "_pressed_at", time.monotonic())
+    stop = threading.Event()
+    stop.set()
+    out = Screen()
+    with pytest.raises(KeyboardInterrupt):
+        watch.watch_status(PLAN, [LAB1], (), status_text, out=out, stop=stop)
+    assert "stopped watching (Ctrl-C); the watch changed nothing on the hosts" in out.getvalue()

@@ -27,6 +27,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from typing import Any, TextIO
 
+from .. import interrupt
 from ..errors import GpudeployError, RemoteError
 from ..facts.probe import probe
 from ..fanout import Cancel
@@ -393,8 +394,17 @@ def watch_status(plan: Plan, hosts: list[Host], group_hosts: tuple[str, ...], ta
                 pass
             wake.clear()
     except KeyboardInterrupt:
-        view.out.write("stopped watching (Ctrl-C); the watch changed nothing on the hosts\n")
-        view.out.flush()
+        _said_stopped(view)
         raise  # tasks.py's user_errors: exit 130, as every gpudeploy command interrupted
     finally:
         stop.set()
+    if interrupt.pressed():
+        # Ctrl-C's listener set the Cancel (so ``stop``) before the main thread's KeyboardInterrupt
+        # came: the loop ended on its own, and the interruption is still this command's end.
+        _said_stopped(view)
+        raise KeyboardInterrupt
+
+
+def _said_stopped(view: View) -> None:
+    view.out.write("stopped watching (Ctrl-C); the watch changed nothing on the hosts\n")
+    view.out.flush()
