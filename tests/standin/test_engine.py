@@ -598,3 +598,14 @@ def test_oom_in_capture_leaves_the_bar_open_before_the_error(lab: Lab) -> None:
     assert glued.startswith("\r  0%|") and "Capturing batches (bs=" in glued  # no newline before the error
     assert re.search(r"\]\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] Scheduler hit an exception: Traceback", glued)
 
+
+@pytest.mark.parametrize(("version", "get_load"), [("0.5.23", 404), ("0.5.10", 200)])
+def test_load_endpoints_are_the_releases_own(lab: Lab, version: str, get_load: int) -> None:
+    """0.5.23 reports load only at /v1/loads (its http_server.py has no /get_load route, measured on
+    the real server); older releases had /get_load too, which gpudeploy falls back to (router_api.py)."""
+    p, port = lab.engine(SGLANG_STANDIN_VERSION=version)
+    p.wait_line("ready to roll")
+    got = http_get(port, "/v1/loads")
+    assert got is not None and got[0] == 200 and json.loads(got[1])["loads"][0]["num_running_reqs"] == 0
+    got = http_get(port, "/get_load")
+    assert got is not None and got[0] == get_load

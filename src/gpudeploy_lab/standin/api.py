@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import socket
 import socketserver
 import threading
@@ -180,6 +181,18 @@ class DummyHealthHandler(BaseHandler):
             self.send_json(404, {"detail": "Not Found"})
 
 
+def _at_least(version: str, release: tuple[int, ...]) -> bool:
+    """Whether ``version`` ("0.5.23", "0.5.10.post1", "0.5.99") is ``release`` or later; an unreadable
+    one counts as the newest."""
+    parts = []
+    for piece in version.split(".")[:len(release)]:
+        digits = re.match(r"\d+", piece)
+        if digits is None:
+            return True
+        parts.append(int(digits.group()))
+    return tuple(parts) >= release
+
+
 def make_engine_handler(state: EngineState) -> type[BaseHandler]:
     api_key = state.server_args.get("api_key")
 
@@ -230,7 +243,9 @@ def make_engine_handler(state: EngineState) -> type[BaseHandler]:
                 self.send_json(200, {"version": state.version, "loads": [{
                     "dp_rank": 0, "num_running_reqs": state.in_flight, "num_waiting_reqs": 0,
                     "max_total_num_tokens": state.max_total_num_tokens}]})
-            elif path == "/get_load":
+            elif path == "/get_load" and not _at_least(state.version, (0, 5, 23)):
+                # gone by 0.5.23 (its http_server.py has no such route; PR #23010 had made it a deprecated
+                # shim of /v1/loads): a 404 there, as from the real server
                 self.send_json(200, [{"dp_rank": 0, "num_reqs": 0, "num_waiting_reqs": 0,
                                       "num_tokens": 0}])
             elif path == "/metrics" and state.server_args.get("enable_metrics"):
