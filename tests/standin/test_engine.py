@@ -27,13 +27,18 @@ from standin_support import (
 GIB = 1 << 30
 STAMP = r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d TP0\] "
 NUM = r"\d+\.\d\d"
+# 0.5.23's (distributed/bootstrap.py; model_runner_components/cuda_graph_setup.py capture_decode_graph)
 STARTUP_TP0 = [
+    r"Init parallel begin\.$",
+    rf"Init parallel ends\. elapsed={NUM} s$",
+    r"Memory baseline taken\. mem usage=0\.00 GB$",
     rf"Load weight begin\. avail mem={NUM} GB$",
     rf"Load weight end\. elapsed={NUM} s, type=LlamaForCausalLM, avail mem={NUM} GB, mem usage={NUM} GB\.$",
     rf"KV Cache is allocated\. dtype: torch\.\w+, #tokens: \d+, K size: {NUM} GB, V size: {NUM} GB$",
     rf"Memory pool end\. avail mem={NUM} GB$",
-    rf"Capture cuda graph begin\. This can take up to several minutes\. avail mem={NUM} GB$",
-    rf"Capture cuda graph end\. Time elapsed: {NUM} s\. mem usage={NUM} GB\. avail mem={NUM} GB\.$",
+    rf"Capture target decode CUDA graph begin\. backend=full, num_tokens_per_req=1, avail mem={NUM} GB$",
+    rf"Capture target decode CUDA graph end\. bs=\[1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64\], "
+    rf"elapsed={NUM} s, mem usage={NUM} GB, avail mem={NUM} GB\.$",
     rf"max_total_num_tokens=\d+, chunked_prefill_size=\d+, max_prefill_tokens=\d+, "
     rf"max_running_requests=\d+, context_len=\d+, available_gpu_mem={NUM} GB$",
 ]
@@ -80,19 +85,20 @@ def test_startup_log_lines_in_order_with_sglang_formats_and_consistent_numbers(l
     for line, pattern in zip(tp0, STARTUP_TP0, strict=True):
         assert re.match(STAMP + pattern, line), (line, pattern)
     # rank 1 logs its own lines too; the ready line is the launcher's, without a rank
-    assert any(re.search(r" TP1\] Capture cuda graph end\.", ln) for ln in p.lines)
+    assert any(re.search(r" TP1\] Capture target decode CUDA graph end\.", ln) for ln in p.lines)
     assert any(re.fullmatch(r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] The server is fired up and ready to roll!", ln)
                for ln in p.lines)
 
     # numbers follow the memory model: rest = f * P - W, tokens = rest / bytes per token
-    avail = float(re.search(r"Load weight begin\. avail mem=([\d.]+)", tp0[0])[1])  # type: ignore[index]
+    load = tp0[3:]  # from "Load weight begin" on
+    avail = float(re.search(r"Load weight begin\. avail mem=([\d.]+)", load[0])[1])  # type: ignore[index]
     expect_p = (GPU_BYTES - 644_939_776 - 512 * (1 << 20)) / GIB
     assert avail == pytest.approx(expect_p, abs=0.01)
-    assert "mem usage=8.00 GB." in tp0[1]  # 16 GiB over TP2
-    tokens = int(re.search(r"#tokens: (\d+)", tp0[2])[1])  # type: ignore[index]
+    assert "mem usage=8.00 GB." in load[1]  # 16 GiB over TP2
+    tokens = int(re.search(r"#tokens: (\d+)", load[2])[1])  # type: ignore[index]
     assert tokens == int((0.8 * expect_p - 8) * GIB) // 65536 or abs(tokens - int((0.8 * expect_p - 8)
                                                                                    * GIB / 65536)) <= 1
-    summary = tp0[6]
+    summary = load[6]
     assert f"max_total_num_tokens={tokens}," in summary
     assert "chunked_prefill_size=8192" in summary and "max_prefill_tokens=16384" in summary
 
@@ -301,7 +307,7 @@ def test_the_fields_oom_comes_without_sglangs_wrapper_after_capture_began(lab: L
     p, _ = lab.engine("--tp-size", "2", SGLANG_STANDIN_FAULT="oom-graph-field")
     assert p.wait_exit(10) == -9  # a scheduler's exception: the launcher's SIGKILL to itself, as 0.5.23
     assert "Capture cuda graph failed" not in p.text
-    assert p.text.index("Capture cuda graph begin") < p.text.index("Tried to allocate 7.50 GiB")
+    assert p.text.index("Capture target decode CUDA graph begin") < p.text.index("Tried to allocate 7.50 GiB")
     assert p.text.index("Load weight end") < p.text.index("Tried to allocate 7.50 GiB")
     from gpudeploy.verify.causes import classify
 
@@ -325,7 +331,7 @@ def test_port_really_in_use_is_said_after_loading(lab: Lab) -> None:
         p, _ = lab.engine(port=port)
         p.wait_line("Waiting for application shutdown.")
         assert p.popen.poll() is None  # and it stays, as 0.5.23 does
-    assert "Capture cuda graph end" in p.text
+    assert "Capture target decode CUDA graph end" in p.text
     assert f"[Errno 98] error while attempting to bind on address ('127.0.0.1', {port})" in p.text
 
 
@@ -364,9 +370,9 @@ def test_weights_too_big_fail_naturally_while_loading(lab: Lab) -> None:
 
 def test_hang_never_opens_the_port_and_still_stops_on_sigterm(lab: Lab) -> None:
     p, port = lab.engine(SGLANG_STANDIN_FAULT="hang")
-    p.wait_line("Capture cuda graph begin")
+    p.wait_line("Capture target decode CUDA graph begin")
     with pytest.raises(AssertionError):
-        p.wait_line("Capture cuda graph end", timeout=0.5)
+        p.wait_line("Capture target decode CUDA graph end", timeout=0.5)
     assert http_get(port, "/health") is None
     p.popen.send_signal(signal.SIGTERM)
     assert p.wait_exit(2) == 0
@@ -577,8 +583,8 @@ def test_progress_sits_between_its_phase_lines(lab: Lab) -> None:
     # at TP 1 a scheduler's lines carry no rank tag (0.5.23: " TP{rank}" only when tp_size > 1)
     order = [text.index("] Load weight begin"), text.index("\rMulti-thread loading shards:   0%"),
              text.rindex("Multi-thread loading shards: 100%"), text.index("] Load weight end"),
-             text.index("] Capture cuda graph begin"), text.index("\r  0%|          | 0/"),
-             text.rindex("Capturing batches (bs=1 "), text.index("] Capture cuda graph end")]
+             text.index("] Capture target decode CUDA graph begin"), text.index("\r  0%|          | 0/"),
+             text.rindex("Capturing batches (bs=1 "), text.index("] Capture target decode CUDA graph end")]
     assert order == sorted(order), order
 
 

@@ -44,7 +44,8 @@ exit code -9. ...".
 Progress (rank 0, stderr, byte for byte what tqdm 4.70 writes; see progress.py): between ``Load weight
 begin`` and ``Load weight end``, ``\rMulti-thread loading shards:  50% Completed | 2/4 [00:00<00:00,
 3.98it/s]`` per update (0.5.23's default loader; no newline until the bar closes, so under systemd one
-journal record); between ``Capture cuda graph begin`` and ``Capture cuda graph end``,
+journal record); between ``Capture target decode CUDA graph begin. ...`` and its ``end`` line (0.5.23's;
+``Capture cuda graph begin``/``end`` when SGLANG_STANDIN_VERSION is older),
 ``\rCapturing batches (bs=256 avail_mem=12.60 GB):  11%|█         | 4/36 [00:00<00:00, 35.32it/s]`` per
 update, "\r" only, one "\n" when the bar closes (so under systemd one journal record for the whole
 capture, unless the unit sets ``TQDM_BAR_FORMAT`` ending in a newline). Shards: the index's files,
@@ -60,23 +61,23 @@ Workers exit when the launcher's pipe closes (launcher killed); a SIGKILLed work
 
 Faults (SGLANG_STANDIN_FAULT; an unknown name exits 2):
   oom-graph          rank 0 fails mid CUDA graph capture: "Capture cuda graph failed: CUDA out of
-                     memory. Tried to allocate 7.50 GiB. ..." + "Possible solutions:" lines; exit 1
+                     memory. Tried to allocate 7.50 GiB. ..." + "Possible solutions:" lines
   oom-graph-field    the field report's MTP OOM: rank 1 (0 at TP1) dies mid capture with torch's text alone,
                      no "Capture cuda graph failed" wrapper: "torch.OutOfMemoryError: CUDA out of memory.
                      Tried to allocate 7.50 GiB. GPU 1 has a total capacity of 94.97 GiB of which 2.30 GiB is
-                     free. ..." (the report's figures verbatim); exit 1
+                     free. ..." (the report's figures verbatim)
   kv-not-enough      "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static."
   weights-oom        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate ..." while loading
   mamba-oom          "Not enough GPU memory for hybrid (mamba/linear-attention) state cache."
   silent-exit        exit 1 halfway through loading weights, printing nothing
-  hang               stops after "Capture cuda graph begin" forever, port closed
+  hang               stops after "Capture target decode CUDA graph begin" forever, port closed
   hang-warmup        HTTP up, /health 503 forever
   crash-after-ready  ready, then after SGLANG_STANDIN_FAULT_AFTER s (1), or once the file
                      SGLANG_STANDIN_FAULT_WHEN exists, rank 0 logs a CUDA illegal memory access and
-                     the server exits 1
+                     the server dies (exit -9)
   crash-after-requests  dies under load: ready and serving; once it has taken SGLANG_STANDIN_FAULT_AFTER
                      generation requests (10), rank 0 logs the same CUDA illegal memory access and the
-                     server exits 1 (the smoke generation before is request 1)
+                     server dies (exit -9; the smoke generation before is request 1)
   ignore-sigterm     launcher and workers ignore SIGTERM
   worker-dies        rank 1 (0 at TP1) is SIGKILLed mid capture: "Rank 1 scheduler is dead. ..." exit 1
   leak-worker        the last rank double-forks into a new session and outlives the launcher,

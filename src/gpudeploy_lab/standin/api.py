@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import socket
 import socketserver
 import threading
@@ -16,7 +15,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from gpudeploy_lab.standin.common import emit
+from gpudeploy_lab.standin.common import at_least, emit
 
 # ------------------------------------------------------------------------------------ the server
 
@@ -181,18 +180,6 @@ class DummyHealthHandler(BaseHandler):
             self.send_json(404, {"detail": "Not Found"})
 
 
-def _at_least(version: str, release: tuple[int, ...]) -> bool:
-    """Whether ``version`` ("0.5.23", "0.5.10.post1", "0.5.99") is ``release`` or later; an unreadable
-    one counts as the newest."""
-    parts = []
-    for piece in version.split(".")[:len(release)]:
-        digits = re.match(r"\d+", piece)
-        if digits is None:
-            return True
-        parts.append(int(digits.group()))
-    return tuple(parts) >= release
-
-
 def make_engine_handler(state: EngineState) -> type[BaseHandler]:
     api_key = state.server_args.get("api_key")
 
@@ -243,7 +230,7 @@ def make_engine_handler(state: EngineState) -> type[BaseHandler]:
                 self.send_json(200, {"version": state.version, "loads": [{
                     "dp_rank": 0, "num_running_reqs": state.in_flight, "num_waiting_reqs": 0,
                     "max_total_num_tokens": state.max_total_num_tokens}]})
-            elif path == "/get_load" and not _at_least(state.version, (0, 5, 23)):
+            elif path == "/get_load" and not at_least(state.version, (0, 5, 23)):
                 # gone by 0.5.23 (its http_server.py has no such route; PR #23010 had made it a deprecated
                 # shim of /v1/loads): a 404 there, as from the real server
                 self.send_json(200, [{"dp_rank": 0, "num_reqs": 0, "num_waiting_reqs": 0,

@@ -306,6 +306,18 @@ def host_available_bytes() -> int:
     return 16 * GIB
 
 
+def at_least(version: str, release: tuple[int, ...]) -> bool:
+    """Whether ``version`` ("0.5.23", "0.5.10.post1", "0.5.99") is ``release`` or later; an unreadable
+    one counts as the newest."""
+    parts = []
+    for piece in version.split(".")[:len(release)]:
+        digits = re.match(r"\d+", piece)
+        if digits is None:
+            return True
+        parts.append(int(digits.group()))
+    return tuple(parts) >= release
+
+
 def opt(ns: argparse.Namespace, *dests: str) -> Any:
     """The first non-None of several destinations: releases differ in which alias comes first
     (0.5.10 ``--tensor-parallel-size, --tp-size``; 0.5.23 ``--tp-size, --tensor-parallel-size``)."""

@@ -8,7 +8,8 @@ registers fake GPU memory; this process plans the numbers, watches the ranks, th
   ready                                      /health 200, "The server is fired up and ready to roll!"
   SIGTERM                                    /health 503, workers terminated, exit 0
 
-A rank that dies makes this process log like SGLang and exit 1, killing the other ranks.
+A rank that dies makes this process log like SGLang 0.5.23 and end as it does, killing the other ranks:
+after a rank's exception SIGKILL to itself (exit -9), after a rank's silent death before ready exit 1.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from gpudeploy_lab.standin.common import (
     GIB,
     as_float,
     as_int,
+    at_least,
     build_parser,
     default_gpu_bytes,
     emit,
@@ -59,11 +61,14 @@ from gpudeploy_lab.standin.memory import (
     resolve_gpus,
     torch_oom,
 )
-from gpudeploy_lab.standin.release import sglang_release
+from gpudeploy_lab.standin.release import DEFAULT_VERSION, sglang_release
 from gpudeploy_lab.standin.world import World, listen_error
 
 # Phase durations in seconds at SGLANG_STANDIN_SPEED=1.0 (about 3 s in all).
 T_INIT, T_WEIGHTS, T_KV, T_GRAPH, T_WARMUP = 0.15, 1.0, 0.2, 1.0, 0.5
+# 0.5.23 imports its model classes between "Memory baseline taken." and "Load weight begin" (its
+# "Ignore import error when loading sglang.srt.models.*" lines: 1-6 s on the CPU build)
+T_IMPORTS = 0.5
 
 SITE = "/usr/local/lib/python3.12/dist-packages/sglang/srt"
 FRAMES = {
@@ -323,7 +328,8 @@ def checkpoint_shards(model_path: str, weights_bytes: int) -> int:
 
 
 def rank_script(plan: EnginePlan, rank: int, flt: str, k: float, shards: int = 1,
-                first_rank: int = 0, world: bool = False, tagged: bool | None = None) -> dict[str, Any]:
+                first_rank: int = 0, world: bool = False, tagged: bool | None = None,
+                version: str = DEFAULT_VERSION) -> dict[str, Any]:
     """What rank ``rank`` prints, holds and signals, in order (see worker.py for the ops).
 
     Rank 0 also writes SGLang's two tqdm bars to stderr (see progress.py): checkpoint shards while
@@ -333,7 +339,12 @@ def rank_script(plan: EnginePlan, rank: int, flt: str, k: float, shards: int = 1
     the rank waits in "Init torch distributed" until every node has joined. A rank's lines carry
     ``TPn`` only when the group has more than one rank (``tagged``; 0.5.23 scheduler.py
     configure_scheduler_process adds " TP{rank}" to the log prefix only if tp_size > 1).
+
+    From ``version`` 0.5.23 on, the init and capture lines are that release's (``Init parallel begin.``,
+    ``Capture target decode CUDA graph begin. ...``), before it 0.5.9's (``Init torch distributed
+    begin.`` on a multi-node group only, ``Capture cuda graph begin. ...``).
     """
+    new = at_least(version, (0, 5, 23))
     rp = plan.ranks[rank]
     tp = plan.settings.tp
     tag = f"TP{first_rank + rank}" if (tp > 1 if tagged is None else tagged) else ""
@@ -378,8 +389,14 @@ def rank_script(plan: EnginePlan, rank: int, flt: str, k: float, shards: int = 1
         acts.append({"op": "leak"})
     used = CUDA_CONTEXT_BYTES
     acts.append({"op": "mem", "bytes": used})
-    if world:
+    if new:
+        # 0.5.23 distributed/bootstrap.py init_parallel_runtime, then measure_pre_model_load_memory (two
+        # free-memory reads in a row: 0.00 GB); the order of normal.log and sigstop-starting.log
+        log("Init parallel begin.")
+        acts.append({"op": "mark"})
+    elif world:
         log("Init torch distributed begin.")
+    if world:
         acts.append({"op": "world"})
     sleep(T_INIT * k)
     if fail and fail.phase == "init":
@@ -389,6 +406,10 @@ def rank_script(plan: EnginePlan, rank: int, flt: str, k: float, shards: int = 1
         return die("nccl", NCCL_TEXT)
     if flt == "missing-module" and rank == 0:
         return die("mooncake", MISSING_MOONCAKE_TEXT)
+    if new:
+        log("Init parallel ends. elapsed={elapsed} s", elapsed=True)
+        log("Memory baseline taken. mem usage=0.00 GB")
+        sleep(T_IMPORTS * k)
 
     log(f"Load weight begin. avail mem={gb(plan.avail_before)} GB")
     acts.append({"op": "mark"})
@@ -445,8 +466,12 @@ def rank_script(plan: EnginePlan, rank: int, flt: str, k: float, shards: int = 1
 
     sizes = plan.graph_batch_sizes
     if sizes:
-        log("Capture cuda graph begin. This can take up to several minutes. "
-            f"avail mem={gb(plan.avail_after_pool)} GB")
+        if new:  # 0.5.23 model_runner_components/cuda_graph_setup.py capture_decode_graph
+            log("Capture target decode CUDA graph begin. backend=full, num_tokens_per_req=1, "
+                f"avail mem={gb(plan.avail_after_pool)} GB")
+        else:
+            log("Capture cuda graph begin. This can take up to several minutes. "
+                f"avail mem={gb(plan.avail_after_pool)} GB")
         acts.append({"op": "mark"})
         n = len(sizes)
         bar("open", total=n)
@@ -481,8 +506,12 @@ def rank_script(plan: EnginePlan, rank: int, flt: str, k: float, shards: int = 1
         bar("close")
         used += plan.graph_bytes
         acts.append({"op": "mem", "bytes": used})
-        log(f"Capture cuda graph end. Time elapsed: {{elapsed}} s. mem usage={gb(plan.graph_bytes)} GB. "
-            f"avail mem={gb(plan.avail_after_graph)} GB.", elapsed=True)
+        if new:
+            log(f"Capture target decode CUDA graph end. bs={list(sizes)}, elapsed={{elapsed}} s, "
+                f"mem usage={gb(plan.graph_bytes)} GB, avail mem={gb(plan.avail_after_graph)} GB.", elapsed=True)
+        else:
+            log(f"Capture cuda graph end. Time elapsed: {{elapsed}} s. mem usage={gb(plan.graph_bytes)} GB. "
+                f"avail mem={gb(plan.avail_after_graph)} GB.", elapsed=True)
     if rank == 0 and first_rank == 0:
         log(f"max_total_num_tokens={tokens}, chunked_prefill_size={plan.chunked_prefill_size}, "
             f"max_prefill_tokens={plan.settings.max_prefill_tokens}, "
@@ -579,7 +608,8 @@ class Engine:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_src_root(), env.get("PYTHONPATH")) if p)
         for rank in range(self.local_tp):
             script = rank_script(self.plan, rank, self.fault, self.k, self.shards, self.first_rank,
-                                 world=self.world is not None, tagged=self.settings.tp > 1)
+                                 world=self.world is not None, tagged=self.settings.tp > 1,
+                                 version=self.version)
             r_fd, w_fd = os.pipe()
             proc = subprocess.Popen(
                 [sys.executable, "-m", "gpudeploy_lab.standin.worker", "--rank", str(rank),
