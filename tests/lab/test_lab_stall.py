@@ -29,7 +29,8 @@ PY_SPY = str(PurePosixPath(engine.SGLANG_GUEST_PYTHON).parent / "py-spy")  # the
 
 def test_a_stand_in_stuck_capturing_graphs_is_reported_stalled_then_waited_out(deployments: Deployments,
                                                                               lab: Lab) -> None:
-    # The stand-in's "hang" stops after "Capture cuda graph begin" with its tqdm bar open: under
+    # The stand-in's "hang" stops after "Capture target decode CUDA graph begin" (0.5.23's words) with its
+    # tqdm bar open: under
     # systemd no further line reaches the journal, as with a real capture that deadlocks.
     role = standin_role("hang", timeout_s=20)
     role["health"] = {"timeout_s": 20, "stall_s": {"capturing_cuda_graphs": 4}, "on_stall": "wait"}
@@ -41,7 +42,7 @@ def test_a_stand_in_stuck_capturing_graphs_is_reported_stalled_then_waited_out(d
     m = re.search(r"\[lab2/srv\] STALLED: stalled in capturing CUDA graphs for (\d+) s: no log line, phase or "
                   r"progress step since; still waiting, up to health.timeout_s", out)
     assert m and int(m.group(1)) >= 4, out
-    assert "Capture cuda graph begin" in out.split("STALLED", 1)[1], out  # its last lines come with it
+    assert "Capture target decode CUDA graph begin" in out.split("STALLED", 1)[1], out  # its last lines come with it
     assert "no Python stacks: no py-spy on the host" in out, out  # Debian's python3 on the stand-in hosts
     assert re.search(r"cause: not ready after 20 s; last phase reached: capturing CUDA graphs \(nothing moved "
                      r"there for the last \d+ s\)", out), out

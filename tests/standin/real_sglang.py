@@ -22,15 +22,18 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-ENGINES = Path(os.environ.get("GPUDEPLOY_LAB_ENGINES", "/var/cache/gpudeploy-lab/engines"))
-PYTHON = ENGINES / "sglang" / "venv" / "bin" / "python3"
-MODEL = ENGINES / "vllm" / "model"
+from gpudeploy_lab import engine
+
+PYTHON = engine.SGLANG.python
+MODEL = engine.VLLM.link / "model"  # the vLLM build's tiny random-weight Llama
 
 
 def missing() -> str | None:
     """Why the real engine cannot run here, or None when it can."""
-    if not PYTHON.exists():
-        return f"the real SGLang engine is not built ({PYTHON} is missing): run `python -m gpudeploy_lab engine`"
+    # the engine the lab uses now (its symlink), whichever recipe key built it
+    if not (engine.SGLANG.link / ".complete").exists() or not PYTHON.exists():
+        return (f"the real SGLang engine is not built ({engine.SGLANG.link} has no .complete): "
+                "run `python -m gpudeploy_lab engine`")
     if not (MODEL / "config.json").exists():
         return f"the tiny model is missing ({MODEL}/config.json): run `python -m gpudeploy_lab engine`"
     return None

@@ -28,52 +28,68 @@ Environment contract (all optional):
   GPUDEPLOY_LAB_GPUS                GPU inventory JSON (/etc/gpudeploy-lab/gpus.json)
   CUDA_VISIBLE_DEVICES              indices or GPU UUIDs; rank r uses entry base_gpu_id + r * gpu_id_step
 
-Log lines (stdout, one write per record): ``[YYYY-MM-DD HH:MM:SS TPn] message`` from rank n's worker
-in sglang.md's order and formats; ``The server is fired up and ready to roll!`` carries ``TP0`` too;
-the launcher's own lines (``Rank N scheduler is dead...``, ``Received sigquit...``) carry no tag;
-uvicorn lines (``INFO:     Uvicorn running on ...``) none.
+Log lines (stdout, one write per record), in SGLang 0.5.23's formats and order (checked line by line
+against the real server: tests/standin/test_real_vs_standin.py, tests/verify/data/sglang-0.5.23-cpu/):
+``[YYYY-MM-DD HH:MM:SS TPn] message`` from rank n's worker, the `` TPn`` only when tp > 1; the
+launcher's own lines (``Received sigquit...``, ``The server is fired up and ready to roll!``) and
+uvicorn's (``[...] INFO:     Uvicorn running on ...``) carry no tag. ``--device cpu`` starts as the real
+CPU build does: host RAM (MemAvailable) as "avail mem", no GPU records, no CUDA graphs,
+``available_cpu_mem``. A ``--model-path`` that is no folder and no valid hub repo id fails as the real
+one does when HF_HUB_OFFLINE=1 (without it the stand-in takes any path for a downloaded model). A
+child's death ends the launcher as 0.5.23's does: its SIGQUIT words, then SIGKILL to itself (exit -9);
+a scheduler that dies silently before it is ready: "RuntimeError: Rank N scheduler died during
+initialization (exit code: -9). ..." (exit 1), after: "Subprocess scheduler_N (pid=P) crashed with
+exit code -9. ...".
 
 Progress (rank 0, stderr, byte for byte what tqdm 4.70 writes; see progress.py): between ``Load weight
-begin`` and ``Load weight end``, ``\rLoading safetensors checkpoint shards:  50% Completed | 2/4
-[00:00<00:00,  3.98it/s]\n`` per shard (a newline after each: SGLang's own bar format); between
-``Capture cuda graph begin`` and ``Capture cuda graph end``, ``\rCapturing batches (bs=256
-avail_mem=12.60 GB):  11%|█         | 4/36 [00:00<00:00, 35.32it/s]`` per update, "\r" only, one
-"\n" when the bar closes (so under systemd one journal record for the whole capture, unless the unit
-sets ``TQDM_BAR_FORMAT`` ending in a newline). Shards: the index's files, else ``*.safetensors``, else
-one per 5 GB. Paced over the phases' durations (SGLANG_STANDIN_SPEED); tqdm prints at most every 0.1 s
-(``TQDM_MININTERVAL``) except when the description changes (every batch size).
+begin`` and ``Load weight end``, ``\rMulti-thread loading shards:  50% Completed | 2/4 [00:00<00:00,
+3.98it/s]`` per update (0.5.23's default loader; no newline until the bar closes, so under systemd one
+journal record); between ``Capture target decode CUDA graph begin. ...`` and its ``end`` line (0.5.23's;
+``Capture cuda graph begin``/``end`` when SGLANG_STANDIN_VERSION is older),
+``\rCapturing batches (bs=256 avail_mem=12.60 GB):  11%|█         | 4/36 [00:00<00:00, 35.32it/s]`` per
+update, "\r" only, one "\n" when the bar closes (so under systemd one journal record for the whole
+capture, unless the unit sets ``TQDM_BAR_FORMAT`` ending in a newline). Shards: the index's files,
+else ``*.safetensors``, else one per 5 GB. Paced over the phases' durations (SGLANG_STANDIN_SPEED);
+tqdm prints at most every 0.1 s (``TQDM_MININTERVAL``) except when the description changes (every
+batch size).
 
-Processes: the launcher (MainPID) + one ``python3 -m gpudeploy_lab.standin.worker`` per TP rank, each
+Processes: the launcher (MainPID) + one ``python3 -m gpudeploy_lab.standin.worker`` per TP rank (named
+``sglang::scheduler`` like the real one's, ``_TPn`` when tp > 1), each
 writing ``$SGLANG_STANDIN_GPU_PROCS_DIR/<pid>.json`` = {"pid", "gpu", "used_bytes"} while it lives.
 Workers exit when the launcher's pipe closes (launcher killed); a SIGKILLed worker's record stays
 (the fake NVML skips dead PIDs).
 
 Faults (SGLANG_STANDIN_FAULT; an unknown name exits 2):
   oom-graph          rank 0 fails mid CUDA graph capture: "Capture cuda graph failed: CUDA out of
-                     memory. Tried to allocate 7.50 GiB. ..." + "Possible solutions:" lines; exit 1
+                     memory. Tried to allocate 7.50 GiB. ..." + "Possible solutions:" lines
   oom-graph-field    the field report's MTP OOM: rank 1 (0 at TP1) dies mid capture with torch's text alone,
                      no "Capture cuda graph failed" wrapper: "torch.OutOfMemoryError: CUDA out of memory.
                      Tried to allocate 7.50 GiB. GPU 1 has a total capacity of 94.97 GiB of which 2.30 GiB is
-                     free. ..." (the report's figures verbatim); exit 1
+                     free. ..." (the report's figures verbatim)
   kv-not-enough      "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static."
   weights-oom        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate ..." while loading
   mamba-oom          "Not enough GPU memory for hybrid (mamba/linear-attention) state cache."
   silent-exit        exit 1 halfway through loading weights, printing nothing
-  hang               stops after "Capture cuda graph begin" forever, port closed
+  hang               stops after "Capture target decode CUDA graph begin" forever, port closed
   hang-warmup        HTTP up, /health 503 forever
   crash-after-ready  ready, then after SGLANG_STANDIN_FAULT_AFTER s (1), or once the file
                      SGLANG_STANDIN_FAULT_WHEN exists, rank 0 logs a CUDA illegal memory access and
-                     the server exits 1
+                     the server dies (exit -9)
   crash-after-requests  dies under load: ready and serving; once it has taken SGLANG_STANDIN_FAULT_AFTER
                      generation requests (10), rank 0 logs the same CUDA illegal memory access and the
-                     server exits 1 (the smoke generation before is request 1)
+                     server dies (exit -9; the smoke generation before is request 1)
   ignore-sigterm     launcher and workers ignore SIGTERM
   worker-dies        rank 1 (0 at TP1) is SIGKILLed mid capture: "Rank 1 scheduler is dead. ..." exit 1
   leak-worker        the last rank double-forks into a new session and outlives the launcher,
                      keeping its GPU record (an orphaned scheduler)
-  port-in-use        binding the HTTP port fails after loading ("[Errno 98] ... address already in
-                     use", "OSError: [Errno 98] Address already in use"); a really busy port does too
+  port-in-use        binding the HTTP port fails after loading: uvicorn's "ERROR:    [Errno 98] error while
+                     attempting to bind on address ('H', P): address already in use", then "INFO:
+                     Waiting for application shutdown." and the server hangs, deaf to SIGTERM, as
+                     0.5.23 does; a really busy port does too
   nccl-error         rank 1 (0 at TP1) dies at start with "torch.distributed.DistBackendError: NCCL error"
+  missing-module     rank 0 dies at start as a PD server whose Python lacks mooncake: "ModuleNotFoundError:
+                     No module named 'mooncake'", then "ImportError: Please install mooncake by following
+                     the instructions at ..." (0.5.23's words)
   generate-500       starts and gets ready normally, /health stays 200, but every generation request
                      (/generate, /v1/completions, /v1/chat/completions, streamed or not) answers HTTP 500
                      with SGLang's ErrorResponse JSON ({"object": "error", "message", "type", "param",
@@ -102,5 +118,6 @@ FAULTS = (
     "leak-worker",
     "port-in-use",
     "nccl-error",
+    "missing-module",
     "generate-500",
 )

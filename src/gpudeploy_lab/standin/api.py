@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from gpudeploy_lab.standin.common import emit
+from gpudeploy_lab.standin.common import at_least, emit
 
 # ------------------------------------------------------------------------------------ the server
 
@@ -230,7 +230,9 @@ def make_engine_handler(state: EngineState) -> type[BaseHandler]:
                 self.send_json(200, {"version": state.version, "loads": [{
                     "dp_rank": 0, "num_running_reqs": state.in_flight, "num_waiting_reqs": 0,
                     "max_total_num_tokens": state.max_total_num_tokens}]})
-            elif path == "/get_load":
+            elif path == "/get_load" and not at_least(state.version, (0, 5, 23)):
+                # gone by 0.5.23 (its http_server.py has no such route; PR #23010 had made it a deprecated
+                # shim of /v1/loads): a 404 there, as from the real server
                 self.send_json(200, [{"dp_rank": 0, "num_reqs": 0, "num_waiting_reqs": 0,
                                       "num_tokens": 0}])
             elif path == "/metrics" and state.server_args.get("enable_metrics"):

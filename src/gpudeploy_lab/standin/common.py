@@ -11,8 +11,9 @@ import json
 import os
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -201,12 +202,15 @@ FALLBACK_ALIASES = {"--model": "--model-path", "--tensor-parallel-size": "--tp-s
 
 
 def build_parser(program: str, version: str, prog: str | None = None,
-                 append: Iterable[str] = (), required: Iterable[str] = ()) -> argparse.ArgumentParser:
+                 append: Iterable[str] = (), required: Iterable[str] = (),
+                 types: Mapping[str, Callable[[str], Any]] | None = None) -> argparse.ArgumentParser:
     """An argparse parser accepting exactly the captured option strings of ``program`` ``version``.
 
-    Values stay strings (the real parsers convert; we convert only what we use). Flags listed in
-    ``append`` may repeat and collect a list per occurrence; ``required`` ones are mandatory.
+    Values stay strings unless ``types`` gives a flag the real parser's type (then a value it refuses
+    is refused with the same words). Flags listed in ``append`` may repeat and collect a list per
+    occurrence; ``required`` ones are mandatory.
     """
+    types = types or {}
     flags = flagspec.load_flags(program, version)
     groups = _alias_groups(program, version)
     # Without a help text we know no aliases but these; the destination is argparse's usual one
@@ -249,6 +253,8 @@ def build_parser(program: str, version: str, prog: str | None = None,
             kwargs["action"] = "append"
         if head in required_set:
             kwargs["required"] = True
+        if head in types:
+            kwargs["type"] = types[head]
         parser.add_argument(*names, **kwargs)  # type: ignore[arg-type]
     return parser
 
@@ -263,6 +269,53 @@ def print_captured_help(program: str, version: str, argv: list[str]) -> bool:
         return False
     raw(text.rstrip("\n"))
     return True
+
+
+def human_readable_int(value: str) -> int:
+    """SGLang 0.5.23's type for token counts (srt/utils/common.py human_readable_int): "4096", "4k",
+    "25.6k", "1Ki"; its own words for anything else."""
+    value = value.strip()
+    si = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+    iec = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|k|M|G|T)", value)
+    if m:
+        number, suffix = m.groups()
+        if suffix in iec:
+            if "." in number:
+                raise argparse.ArgumentTypeError(
+                    f"Decimals are not allowed with IEC suffixes like '{suffix}'. Use an integer IEC value such as "
+                    f"'{int(Decimal(number))}{suffix}', or an SI value such as '{number}{suffix[0]}'.")
+            return int(number) * iec[suffix]
+        return int(Decimal(number) * si[suffix])
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"Invalid integer value: '{value}'. Use a plain integer, SI suffixes (1k, 1M), or IEC suffixes "
+            "(1Ki, 1Mi). Suffixes are case-sensitive.") from None
+
+
+def host_available_bytes() -> int:
+    """What psutil calls available (MemAvailable): 0.5.23's "avail mem" with --device cpu."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 16 * GIB
+
+
+def at_least(version: str, release: tuple[int, ...]) -> bool:
+    """Whether ``version`` ("0.5.23", "0.5.10.post1", "0.5.99") is ``release`` or later; an unreadable
+    one counts as the newest."""
+    parts = []
+    for piece in version.split(".")[:len(release)]:
+        digits = re.match(r"\d+", piece)
+        if digits is None:
+            return True
+        parts.append(int(digits.group()))
+    return tuple(parts) >= release
 
 
 def opt(ns: argparse.Namespace, *dests: str) -> Any:

@@ -8,7 +8,8 @@ registers fake GPU memory; this process plans the numbers, watches the ranks, th
   ready                                      /health 200, "The server is fired up and ready to roll!"
   SIGTERM                                    /health 503, workers terminated, exit 0
 
-A rank that dies makes this process log like SGLang and exit 1, killing the other ranks.
+A rank that dies makes this process log like SGLang 0.5.23 and end as it does, killing the other ranks:
+after a rank's exception SIGKILL to itself (exit -9), after a rank's silent death before ready exit 1.
 """
 
 from __future__ import annotations
@@ -34,11 +35,14 @@ from gpudeploy_lab.standin.common import (
     GIB,
     as_float,
     as_int,
+    at_least,
     build_parser,
     default_gpu_bytes,
     emit,
     env_float,
     fault,
+    host_available_bytes,
+    human_readable_int,
     live_records,
     load_gpus,
     opt,
@@ -51,16 +55,20 @@ from gpudeploy_lab.standin.memory import (
     EnginePlan,
     EngineSettings,
     graph_oom_text,
+    plan_cpu,
     plan_engine,
     read_model_info,
     resolve_gpus,
     torch_oom,
 )
-from gpudeploy_lab.standin.release import sglang_release
+from gpudeploy_lab.standin.release import DEFAULT_VERSION, sglang_release
 from gpudeploy_lab.standin.world import World, listen_error
 
 # Phase durations in seconds at SGLANG_STANDIN_SPEED=1.0 (about 3 s in all).
 T_INIT, T_WEIGHTS, T_KV, T_GRAPH, T_WARMUP = 0.15, 1.0, 0.2, 1.0, 0.5
+# 0.5.23 imports its model classes between "Memory baseline taken." and "Load weight begin" (its
+# "Ignore import error when loading sglang.srt.models.*" lines: 1-6 s on the CPU build)
+T_IMPORTS = 0.5
 
 SITE = "/usr/local/lib/python3.12/dist-packages/sglang/srt"
 FRAMES = {
@@ -99,6 +107,9 @@ FRAMES = {
                    "dist.broadcast(tensor_size, src=src, group=dist_group)"),
                   ("/usr/local/lib/python3.12/dist-packages/torch/distributed/distributed_c10d.py", 2974,
                    "broadcast", "work.wait()")],
+    # 0.5.23's PD server without mooncake (tests/verify/data/sglang-0.5.23-cpu/missing-module.log)
+    "mooncake": [("distributed/device_communicators/mooncake_transfer_engine.py", 120, "__init__",
+                  "from mooncake.engine import TransferEngine")],
     "run": [("managers/scheduler.py", 3070, "run_scheduler_process", "scheduler.event_loop_overlap()"),
             ("managers/scheduler.py", 1120, "event_loop_overlap",
              "batch_result = self.run_batch(batch)")],
@@ -131,6 +142,53 @@ FIELD_OOM_TEXT = (
     "unallocated. If reserved but unallocated memory is large try setting "
     "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation for Memory "
     "Management  (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)")
+
+
+# The rest of that log's traceback: SGLang's own words after the import failed (verbatim, paths of the
+# stand-in's SITE).
+MISSING_MOONCAKE_TEXT = (
+    "ModuleNotFoundError: No module named 'mooncake'\n\n"
+    "The above exception was the direct cause of the following exception:\n\n"
+    "Traceback (most recent call last):\n"
+    f'  File "{SITE}/managers/scheduler.py", line 6362, in run_scheduler_process\n'
+    "    scheduler = Scheduler(server_args, port_args)\n"
+    f'  File "{SITE}/distributed/bootstrap.py", line 143, in init_parallel_runtime\n'
+    "    maybe_init_shared_mooncake_transfer_engine(gpu_id=get_device().gpu_id)\n"
+    f'  File "{SITE}/distributed/device_communicators/mooncake_transfer_engine.py", line 122, in __init__\n'
+    "    raise ImportError(\n"
+    "ImportError: Please install mooncake by following the instructions at "
+    "https://kvcache-ai.github.io/Mooncake/getting_started/build.html to run SGLang with MooncakeTransferEngine.\n")
+
+
+def missing_model_text(path: str) -> str:
+    """What 0.5.23 prints, before anything else, for a --model-path that is no folder and no valid
+    hub repo id (tests/verify/data/sglang-0.5.23-cpu/missing-model.log, its frames shortened)."""
+    said = (f"Repo id must be in the form 'repo_name' or 'namespace/repo_name': '{path}'. "
+            "Use `repo_type` argument if needed.")
+    hub = "/usr/local/lib/python3.12/dist-packages"
+    chain = ("Traceback (most recent call last):\n"
+             f'  File "{hub}/huggingface_hub/utils/_validators.py", line 133, in validate_repo_id\n'
+             "    raise HFValidationError(\n"
+             f"huggingface_hub.errors.HFValidationError: {said}\n\n"
+             "The above exception was the direct cause of the following exception:\n\n"
+             "Traceback (most recent call last):\n"
+             f'  File "{SITE}/server_args.py", line 277, in resolve_once\n'
+             "    run_resolution_pipeline(self)\n"
+             f'  File "{hub}/transformers/utils/hub.py", line 595, in cached_files\n'
+             '    raise OSError(f"{e}") from e\n'
+             f"OSError: {said}")
+    # the config is looked up twice (the second lookup in the first one's except): the chain twice
+    return f"{chain}\n\nDuring handling of the above exception, another exception occurred:\n\n{chain}"
+
+
+def scheduler_died_text(rank: int, code: int) -> str:
+    """The launcher's traceback when a scheduler died before it was ready (0.5.23 entrypoints/engine.py
+    _scheduler_died_error; scheduler-killed-while-starting.log, frames shortened)."""
+    return ("Traceback (most recent call last):\n"
+            f'  File "{SITE}/entrypoints/engine.py", line 2040, in _wait_for_scheduler_ready\n'
+            "    raise _scheduler_died_error(j, scheduler_procs[j])\n"
+            f"RuntimeError: Rank {rank} scheduler died during initialization (exit code: {code}). If exit code is -9 "
+            "(SIGKILL), a common cause is the OS OOM killer. Run `dmesg -T | grep -i oom` to check.")
 
 
 def scheduler_exception(phase: str, message: str) -> str:
@@ -222,7 +280,14 @@ def visible_devices(gpus: list[Any] | None) -> list[int] | None:
 
 def make_plan(ns: argparse.Namespace, s: EngineSettings, local_tp: int | None = None) -> EnginePlan:
     """This node's numbers: its own ``local_tp`` ranks (all of them on one node), each holding
-    1/tp of the weights of the whole group."""
+    1/tp of the weights of the whole group. ``--device cpu``: the host's RAM, no GPU (plan_cpu)."""
+    if str(ns.__dict__.get("device") or "") == "cpu":
+        mine = s if local_tp is None else replace(s, tp=local_tp)
+        model = read_model_info(str(opt(ns, "model_path", "model")), None, None, s.tp, s.kv_cache_dtype)
+        weights_env = os.environ.get("SGLANG_STANDIN_WEIGHTS_GIB")
+        if weights_env:
+            model = replace(model, weights_bytes=int(as_float(weights_env, 0.0) * GIB))
+        return plan_cpu(mine, model, host_available_bytes())
     inventory = load_gpus()
     gpus = inventory[1] if inventory else []
     totals = {g.index: g.memory_total_bytes for g in gpus}
@@ -263,18 +328,28 @@ def checkpoint_shards(model_path: str, weights_bytes: int) -> int:
 
 
 def rank_script(plan: EnginePlan, rank: int, flt: str, k: float, shards: int = 1,
-                first_rank: int = 0, world: bool = False) -> dict[str, Any]:
+                first_rank: int = 0, world: bool = False, tagged: bool | None = None,
+                version: str = DEFAULT_VERSION) -> dict[str, Any]:
     """What rank ``rank`` prints, holds and signals, in order (see worker.py for the ops).
 
     Rank 0 also writes SGLang's two tqdm bars to stderr (see progress.py): checkpoint shards while
     loading weights, batch sizes while capturing CUDA graphs, each step at the phase's pace.
     On a node of a multi-node group, ``rank`` is the node's own rank, ``first_rank`` the group rank
     of its first (log tags are group ranks; only group rank 0 draws the bars), and with ``world``
-    the rank waits in "Init torch distributed" until every node has joined.
+    the rank waits in "Init torch distributed" until every node has joined. A rank's lines carry
+    ``TPn`` only when the group has more than one rank (``tagged``; 0.5.23 scheduler.py
+    configure_scheduler_process adds " TP{rank}" to the log prefix only if tp_size > 1).
+
+    From ``version`` 0.5.23 on, the init and capture lines are that release's (``Init parallel begin.``,
+    ``Capture target decode CUDA graph begin. ...``), before it 0.5.9's (``Init torch distributed
+    begin.`` on a multi-node group only, ``Capture cuda graph begin. ...``).
     """
+    new = at_least(version, (0, 5, 23))
     rp = plan.ranks[rank]
-    tag = f"TP{first_rank + rank}"
     tp = plan.settings.tp
+    tag = f"TP{first_rank + rank}" if (tp > 1 if tagged is None else tagged) else ""
+    cpu = plan.device == "cpu"
+    title = "sglang::scheduler" + (f"_{tag}" if tag else "")
     acts: list[dict[str, Any]] = []
     fail = plan.failure if plan.failure and plan.failure.rank == rank else None
     victim = 1 if tp > 1 else 0  # the rank that worker-dies / nccl-error hit
@@ -296,17 +371,17 @@ def rank_script(plan: EnginePlan, rank: int, flt: str, k: float, shards: int = 1
         done = int(shards * fraction) if rank == 0 and first_rank == 0 else 0
         for _ in range(done):
             sleep(per)
-            bar("step")
+            bar("update")
         sleep(T_WEIGHTS * k * fraction - per * done)
 
     def die(phase: str, message: str) -> dict[str, Any]:
         acts.append({"op": "fail", "text": scheduler_exception(phase, message), "code": 1})
         return {"rank": rank, "gpu": rp.physical_gpu if rp.physical_gpu is not None else -1,
-                "tag": tag, "actions": acts}
+                "tag": tag, "actions": acts, "title": title}
 
     def done() -> dict[str, Any]:
         return {"rank": rank, "gpu": rp.physical_gpu if rp.physical_gpu is not None else -1,
-                "tag": tag, "actions": acts, "ignore_sigterm": flt == "ignore-sigterm",
+                "tag": tag, "actions": acts, "title": title, "ignore_sigterm": flt == "ignore-sigterm",
                 "crash_text": scheduler_exception("run", CRASH_TEXT),
                 "peer_lost_text": scheduler_exception("broadcast", PEER_LOST_TEXT)}
 
@@ -314,8 +389,14 @@ def rank_script(plan: EnginePlan, rank: int, flt: str, k: float, shards: int = 1
         acts.append({"op": "leak"})
     used = CUDA_CONTEXT_BYTES
     acts.append({"op": "mem", "bytes": used})
-    if world:
+    if new:
+        # 0.5.23 distributed/bootstrap.py init_parallel_runtime, then measure_pre_model_load_memory (two
+        # free-memory reads in a row: 0.00 GB); the order of normal.log and sigstop-starting.log
+        log("Init parallel begin.")
+        acts.append({"op": "mark"})
+    elif world:
         log("Init torch distributed begin.")
+    if world:
         acts.append({"op": "world"})
     sleep(T_INIT * k)
     if fail and fail.phase == "init":
@@ -323,6 +404,12 @@ def rank_script(plan: EnginePlan, rank: int, flt: str, k: float, shards: int = 1
     if flt == "nccl-error" and rank == victim:
         sleep(T_INIT * k)
         return die("nccl", NCCL_TEXT)
+    if flt == "missing-module" and rank == 0:
+        return die("mooncake", MISSING_MOONCAKE_TEXT)
+    if new:
+        log("Init parallel ends. elapsed={elapsed} s", elapsed=True)
+        log("Memory baseline taken. mem usage=0.00 GB")
+        sleep(T_IMPORTS * k)
 
     log(f"Load weight begin. avail mem={gb(plan.avail_before)} GB")
     acts.append({"op": "mark"})
@@ -359,21 +446,32 @@ def rank_script(plan: EnginePlan, rank: int, flt: str, k: float, shards: int = 1
     used += plan.kv_pool_bytes + plan.mamba_bytes + plan.req_to_token_bytes
     acts.append({"op": "mem", "bytes": used})
     tokens = plan.max_total_num_tokens
+    # 0.5.23 mem_cache/memory_pool.py: "KV Cache is allocated. dtype: torch.float16, #tokens: 4096, K size:
+    # 0.00 GB, V size: 0.00 GB" (normal.log), "... KV size: X GB" for MLA
+    dtype = plan.model.kv_dtype
     if plan.model.mla:
-        log(f"KV Cache is allocated. #tokens: {tokens}, KV size: {gb(plan.kv_pool_bytes)} GB")
+        log(f"KV Cache is allocated. dtype: {dtype}, #tokens: {tokens}, KV size: {gb(plan.kv_pool_bytes)} GB")
     else:
         half = plan.kv_pool_bytes / 2
-        log(f"KV Cache is allocated. #tokens: {tokens}, K size: {gb(half)} GB, V size: {gb(half)} GB")
+        log(f"KV Cache is allocated. dtype: {dtype}, #tokens: {tokens}, K size: {gb(half)} GB, V size: {gb(half)} GB")
     if plan.model.hybrid and plan.mamba_bytes:
         conv = plan.mamba_bytes * 0.05
         log(f"Mamba Cache is allocated. max_mamba_cache_size: {plan.max_mamba_cache_size}, "
             f"conv_state size: {gb(conv)}GB, ssm_state size: {gb(plan.mamba_bytes - conv)}GB")
     log(f"Memory pool end. avail mem={gb(plan.avail_after_pool)} GB")
+    if rank == 0 and tokens < plan.context_len:  # 0.5.23 managers/tp_worker.py (kv-below-context.log)
+        log(f"KV pool holds {tokens} tokens, fewer than --context-length {plan.context_len}. One full-length "
+            "request cannot fit, so long requests will be refused or truncated at serving time. Lower "
+            "--context-length, raise --mem-fraction-static, or free memory taken before the pool is sized.")
 
     sizes = plan.graph_batch_sizes
     if sizes:
-        log("Capture cuda graph begin. This can take up to several minutes. "
-            f"avail mem={gb(plan.avail_after_pool)} GB")
+        if new:  # 0.5.23 model_runner_components/cuda_graph_setup.py capture_decode_graph
+            log("Capture target decode CUDA graph begin. backend=full, num_tokens_per_req=1, "
+                f"avail mem={gb(plan.avail_after_pool)} GB")
+        else:
+            log("Capture cuda graph begin. This can take up to several minutes. "
+                f"avail mem={gb(plan.avail_after_pool)} GB")
         acts.append({"op": "mark"})
         n = len(sizes)
         bar("open", total=n)
@@ -408,13 +506,17 @@ def rank_script(plan: EnginePlan, rank: int, flt: str, k: float, shards: int = 1
         bar("close")
         used += plan.graph_bytes
         acts.append({"op": "mem", "bytes": used})
-        log(f"Capture cuda graph end. Time elapsed: {{elapsed}} s. mem usage={gb(plan.graph_bytes)} GB. "
-            f"avail mem={gb(plan.avail_after_graph)} GB.", elapsed=True)
+        if new:
+            log(f"Capture target decode CUDA graph end. bs={list(sizes)}, elapsed={{elapsed}} s, "
+                f"mem usage={gb(plan.graph_bytes)} GB, avail mem={gb(plan.avail_after_graph)} GB.", elapsed=True)
+        else:
+            log(f"Capture cuda graph end. Time elapsed: {{elapsed}} s. mem usage={gb(plan.graph_bytes)} GB. "
+                f"avail mem={gb(plan.avail_after_graph)} GB.", elapsed=True)
     if rank == 0 and first_rank == 0:
         log(f"max_total_num_tokens={tokens}, chunked_prefill_size={plan.chunked_prefill_size}, "
             f"max_prefill_tokens={plan.settings.max_prefill_tokens}, "
             f"max_running_requests={plan.max_running_requests}, context_len={plan.context_len}, "
-            f"available_gpu_mem={gb(plan.avail_after_graph)} GB")
+            f"available_{'cpu' if cpu else 'gpu'}_mem={gb(plan.avail_after_graph)} GB")
     acts.append({"op": "send", "msg": "ready"})
     return done()
 
@@ -465,6 +567,8 @@ class Engine:
         self.host = str(ns.host or "127.0.0.1")
         self.port = as_int(ns.port, 30000)
         self.mode = str(ns.__dict__.get("disaggregation_mode") or "null")
+        self.serving = False  # HTTP is up: a child's death is heard by the running-phase SIGQUIT handler
+        self.schedulers_ready = False  # every rank sent "ready": the watchdog, not the init wait, hears deaths
         self.events: queue.Queue[tuple[int, str | None]] = queue.Queue()
         self.ranks: list[Rank] = []
         self.stop = threading.Event()
@@ -504,7 +608,8 @@ class Engine:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_src_root(), env.get("PYTHONPATH")) if p)
         for rank in range(self.local_tp):
             script = rank_script(self.plan, rank, self.fault, self.k, self.shards, self.first_rank,
-                                 world=self.world is not None)
+                                 world=self.world is not None, tagged=self.settings.tp > 1,
+                                 version=self.version)
             r_fd, w_fd = os.pipe()
             proc = subprocess.Popen(
                 [sys.executable, "-m", "gpudeploy_lab.standin.worker", "--rank", str(rank),
@@ -543,13 +648,65 @@ class Engine:
             self.world.close()  # the other nodes' links break: they go down too, like gloo peers
 
     def fail(self, *lines: str) -> int:
-        """Die like SGLang's launcher after a child failed: log, kill the tree, exit 1."""
+        """Log, kill the tree, exit 1 (for what 0.5.23 has not been seen doing: a follower's port)."""
         for line in lines:
             emit(line)
         self.state.phase = "shutting_down"
         self.kill_workers()
         self.close_servers()
         return 1
+
+    def child_failed(self) -> int:
+        """0.5.23 after a child failed: its SIGQUIT handler's words, then kill_process_tree with itself
+        included, which ends the launcher with SIGKILL (exit -9, "code=killed, status=9/KILL").
+
+        Before HTTP is up it is the launch-phase handler (entrypoints/engine.py), after it the
+        tokenizer manager's running-phase one, which first waits 5 s for "crash diagnostics"
+        (managers/tokenizer_manager.py); the texts of kv-too-small.log and scheduler-killed-after-ready.log."""
+        if not self.serving:
+            emit("Received sigquit from a child process. It usually means the child failed.")
+        else:
+            emit("SIGQUIT received. signum=None, frame=None. It usually means one child failed.")
+            emit("Sleeping 5 seconds before crash diagnostics to let GPU activity settle.")
+            time.sleep(5 * self.k)
+            if not any(r.proc.poll() is None for r in self.ranks):
+                emit("No live scheduler processes found; skipping py-spy and CUDA coredump.")
+        return self.kill_self()
+
+    def kill_self(self) -> int:
+        pid = os.getpid()
+        emit(f"kill_process_tree called: parent_pid={pid}, include_parent=True, pid={pid}")
+        self.state.phase = "shutting_down"
+        self.kill_workers()
+        self.close_servers()
+        os.kill(pid, signal.SIGKILL)
+        return 1  # not reached
+
+    def child_died(self, r: Rank, code: int) -> int:
+        """A rank ended without a word of its own (SIGKILL: the OOM killer, or a kill by hand)."""
+        if not self.schedulers_ready:
+            # the launcher's wait for its schedulers sees it and raises (exit 1)
+            pid = os.getpid()
+            emit(f"kill_process_tree called: parent_pid={pid}, include_parent=False, pid={pid}")
+            raw(scheduler_died_text(r.rank, code))
+            self.state.phase = "shutting_down"
+            self.kill_workers()
+            self.close_servers()
+            return 1
+        # then the watchdog (utils/watchdog.py, every second) sees it and sends the SIGQUIT
+        emit(f"Subprocess scheduler_{r.rank} (pid={r.proc.pid}) crashed with exit code {code}. "
+             "Triggering SIGQUIT for cleanup...")
+        return self.child_failed()
+
+    def hang_after_bind_failure(self) -> int:
+        """0.5.23 when uvicorn cannot bind: it says so and "Waiting for application shutdown.", then
+        neither exits nor answers SIGTERM (port-in-use.log: still there 180 s later, and 40 s after a
+        SIGTERM); the schedulers live on. Only SIGKILL ends it."""
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        self.state.phase = "shutting_down"
+        threading.Event().wait()
+        return 1  # not reached
 
     def serve(self, host: str, port: int, handler: type[api.BaseHandler]) -> api.QuietServer | OSError:
         """Start a server in a thread, or return the bind error."""
@@ -568,35 +725,40 @@ class Engine:
         return (f"[Errno {e.errno}] error while attempting to bind on address ('{host}', {port}): "
                 f"{(e.strerror or str(e)).lower()}")
 
-    def start_bootstrap(self) -> OSError | None:
+    def start_bootstrap(self) -> None:
+        """0.5.23 starts the KV bootstrap server in the launcher, before the schedulers (its line comes
+        right after server_args, missing-module.log). A port it cannot bind is logged by its thread and
+        the server goes on without it (disaggregation/common/conn.py _run_server)."""
         port = as_int(self.ns.__dict__.get("disaggregation_bootstrap_port"), 8998)
         srv = self.serve(self.host, port, BootstrapHandler)
         if isinstance(srv, OSError):
-            emit(f"ERROR: {self.bind_error(self.host, port, srv)}")
-            return srv
+            emit(f"Server error: {self.bind_error(self.host, port, srv)}\n" + os_error_tail("bootstrap", srv)[0])
+            return
         self.bootstrap = srv
-        return None
+        emit(f"CommonKVBootstrapServer started successfully on {self.host}:{port}")
 
     def start_http(self) -> OSError | None:
-        raw(f"INFO:     Started server process [{os.getpid()}]")
-        raw("INFO:     Waiting for application startup.")
-        raw("INFO:     Application startup complete.")
+        # uvicorn's lines go through SGLang's logging format: "[2026-12-01 22:45:32] INFO:     Started
+        # server process [21044]" (normal.log)
+        emit(f"INFO:     Started server process [{os.getpid()}]")
+        emit("INFO:     Waiting for application startup.")
+        emit("INFO:     Application startup complete.")
         srv = self.serve(self.host, self.port, api.make_engine_handler(self.state))
         if isinstance(srv, OSError):
-            raw(f"ERROR:    {self.bind_error(self.host, self.port, srv)}")
-            raw("INFO:     Waiting for application shutdown.")
-            raw("INFO:     Application shutdown complete.")
+            emit(f"ERROR:    {self.bind_error(self.host, self.port, srv)}")
+            emit("INFO:     Waiting for application shutdown.")
             return srv
         self.httpd = srv
+        self.serving = True
         shown = f"[{self.host}]" if ":" in self.host else self.host
-        raw(f"INFO:     Uvicorn running on http://{shown}:{self.port} (Press CTRL+C to quit)")
+        emit(f"INFO:     Uvicorn running on http://{shown}:{self.port} (Press CTRL+C to quit)")
         return None
 
     def start_dummy_health(self) -> OSError | None:
         """A non-zero node of a group: no API, only SGLang's dummy /health once its ranks are ready."""
         srv = self.serve(self.host, self.port, api.DummyHealthHandler)
         if isinstance(srv, OSError):
-            raw(f"ERROR:    {self.bind_error(self.host, self.port, srv)}")
+            emit(f"ERROR:    {self.bind_error(self.host, self.port, srv)}")
             return srv
         self.httpd = srv
         self.state.phase = "ready"
@@ -611,27 +773,37 @@ class Engine:
             for r in self.ranks:
                 r.command(f"peer-lost {rest}")
             return None
-        emit(scheduler_exception("init", rest), f"TP{self.first_rank}")
-        return self.fail("Received sigquit from a child process. It usually means the child failed.")
+        emit(scheduler_exception("init", rest), self.tag(self.first_rank))
+        return self.child_failed()
+
+    def tag(self, rank: int) -> str:
+        return f"TP{rank}" if self.settings.tp > 1 else ""
 
     def shutdown(self) -> int:
         self.state.phase = "shutting_down"
         if self.httpd is not None:
-            raw("INFO:     Shutting down")
-            raw("INFO:     Waiting for application shutdown.")
-            raw("INFO:     Application shutdown complete.")
-            raw(f"INFO:     Finished server process [{os.getpid()}]")
+            # 0.5.23's SIGTERM handler and watchdog (managers/tokenizer_manager.py), then uvicorn (normal.log)
+            pid = os.getpid()
+            emit("SIGTERM received. signum=None frame=None. Draining requests and shutting down...")
+            emit("Gracefully exiting... Remaining number of requests 0. Remaining requests remaining_rids=[].")
+            emit(f"kill_process_tree called: parent_pid={pid}, include_parent=False, pid={pid}")
+            emit("INFO:     Shutting down")
+            emit("INFO:     Waiting for application shutdown.")
+            emit("INFO:     Application shutdown complete.")
+            emit(f"INFO:     Finished server process [{pid}]")
         self.close_servers()
         self.kill_workers(signal.SIGTERM, grace=0.5)
         return 0
 
     def run(self) -> int:
-        emit(f"server_args=ServerArgs({_args_repr(self.ns)})")
+        emit(f"server_args={_args_dict(self.ns)!r}")
         if self.world is not None:
             err = self.world.start()
             if err is not None:
-                emit(scheduler_exception("init", listen_error(self.world.port, err)), "TP0")
-                return self.fail("Received sigquit from a child process. It usually means the child failed.")
+                emit(scheduler_exception("init", listen_error(self.world.port, err)), self.tag(0))
+                return self.child_failed()
+        if self.mode == "prefill" and self.node_rank == 0:
+            self.start_bootstrap()
         self.spawn()
         tp = self.local_tp
         told_world = False
@@ -661,12 +833,9 @@ class Engine:
                 return 1
             if msg == "weights":
                 weights.add(rank)
-                if len(weights) == tp and self.mode == "prefill" and self.node_rank == 0:
-                    err = self.start_bootstrap()
-                    if err:
-                        return self.fail(*os_error_tail("bootstrap", err))
             elif msg == "ready":
                 ready.add(rank)
+                self.schedulers_ready = len(ready) == tp
                 if len(ready) == tp and self.node_rank > 0:
                     err = self.start_dummy_health()
                     if err:
@@ -674,7 +843,7 @@ class Engine:
                 elif len(ready) == tp:
                     err = self.start_http()
                     if err:
-                        return self.fail(*os_error_tail("http", err))
+                        return self.hang_after_bind_failure()
                     skip = bool(self.ns.__dict__.get("skip_server_warmup"))
                     warm_until = time.monotonic() + (0 if skip else T_WARMUP * self.k)
             for r in self.ranks:
@@ -688,18 +857,15 @@ class Engine:
                     # worker that exited first is part of the shutdown, not a death.
                     return self.shutdown()
                 if r.errored:
-                    return self.fail("Received sigquit from a child process. It usually means the child "
-                                     "failed.")
-                return self.fail(f"Rank {self.first_rank + r.rank} scheduler is dead. Please check if there are "
-                                 "relevant logs.",
-                                 f"Child process unexpectedly failed with exitcode={code}. pid={r.proc.pid}")
+                    return self.child_failed()
+                return self.child_died(r, code)
             now = time.monotonic()
             if warm_until is not None and now >= warm_until and self.state.phase == "warmup":
                 if self.fault == "hang-warmup":
                     warm_until = None
                     continue
                 self.state.phase = "ready"
-                emit("The server is fired up and ready to roll!", "TP0")
+                emit("The server is fired up and ready to roll!")  # the launcher's line: no rank tag
                 if self.fault == "crash-after-ready" and not os.environ.get("SGLANG_STANDIN_FAULT_WHEN"):
                     crash_at = now + env_float("SGLANG_STANDIN_FAULT_AFTER", 1.0)
             if (self.fault == "crash-after-requests" and not crashed and self.state.phase == "ready"
@@ -747,8 +913,24 @@ def _jsonable(v: Any) -> Any:
     return v
 
 
-def _args_repr(ns: argparse.Namespace) -> str:
-    return ", ".join(f"{k}={_jsonable(v)!r}" for k, v in sorted(vars(ns).items()) if v is not None)
+def _args_dict(ns: argparse.Namespace) -> dict[str, Any]:
+    """The given arguments as 0.5.23's ``server_args={'model_path': ...}`` line shows them (it shows
+    every field; the stand-in those it was given), the model first."""
+    given = {k: _jsonable(v) for k, v in vars(ns).items() if v is not None}
+    return {k: given[k] for k in sorted(given, key=lambda k: (k != "model_path", k))}
+
+
+# The types 0.5.23 gives the flags the stand-in reads as numbers (its ServerArgs.add_cli_args, read from
+# the real parser): its own human_readable_int for token counts, argparse's int and float for the rest.
+# A value they refuse is refused with their words ("argument --max-total-tokens: Invalid integer value:
+# 'abc'. ...", invalid-value.log; "argument --port: invalid int value: 'x'").
+TYPES: dict[str, Any] = {
+    "--max-total-tokens": human_readable_int, "--context-length": human_readable_int,
+    "--max-prefill-tokens": human_readable_int, "--mem-fraction-static": float,
+    **{f: int for f in ("--port", "--tp-size", "--pp-size", "--base-gpu-id", "--gpu-id-step", "--nnodes",
+                        "--node-rank", "--chunked-prefill-size", "--max-running-requests", "--nccl-port",
+                        "--cuda-graph-max-bs-decode", "--cuda-graph-max-bs", "--disaggregation-bootstrap-port")},
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -758,7 +940,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sglang stand-in: {e}", file=sys.stderr)
         return 2
     try:
-        parser = build_parser("sglang", flags_like, prog=None, required=["--model-path"])
+        parser = build_parser("sglang", flags_like, prog="sglang serve", required=["--model-path"], types=TYPES)
     except KeyError:
         shown = version if flags_like == version else f"{version} (flags like {flags_like})"
         print(f"sglang stand-in: no captured flags for sglang {shown}", file=sys.stderr)
@@ -771,6 +953,13 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     ns = parser.parse_args(args)
+    model = str(opt(ns, "model_path", "model"))
+    if os.environ.get("HF_HUB_OFFLINE") == "1" and not Path(model).is_dir() and model.count("/") > 1:
+        # The stand-in takes any other path for a model it pretends to have downloaded.
+        pid = os.getpid()
+        emit(f"kill_process_tree called: parent_pid={pid}, include_parent=False, pid={pid}")
+        raw(missing_model_text(model))
+        return 1
     engine = Engine(ns, version)
 
     def on_term(signum: int, frame: object) -> None:

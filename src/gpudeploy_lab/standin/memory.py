@@ -26,6 +26,7 @@ class ModelInfo:
     mla: bool = False
     hybrid: bool = False
     mamba_slot_bytes: int = 0  # per request, per rank (conv + ssm states of all linear layers)
+    kv_dtype: str = "torch.bfloat16"  # what "KV Cache is allocated. dtype: ..." says
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,7 @@ class EnginePlan:
     context_len: int
     failure: Failure | None = None
     notes: tuple[str, ...] = field(default=())
+    device: str = "cuda"
 
     @property
     def avail_before(self) -> int:
@@ -135,7 +137,12 @@ def read_model_info(model_path: str, weights_gib: float | None, kv_bytes_overrid
             index = json.loads((root / "model.safetensors.index.json").read_text())
             weights = int(index["metadata"]["total_size"])
         except (OSError, ValueError, KeyError, TypeError):
-            pass
+            # no index: a single-file checkpoint weighs what its files do (the lab's tiny model)
+            try:
+                files = sum(f.stat().st_size for f in root.glob("*.safetensors"))
+            except OSError:
+                files = 0
+            weights = files or weights
 
     dtype_bytes = 1 if kv_cache_dtype.startswith(("fp8", "mxfp8")) else 2
     layers = num("num_hidden_layers", 0)
@@ -165,7 +172,23 @@ def read_model_info(model_path: str, weights_gib: float | None, kv_bytes_overrid
             cell = 2 * max(1, kv_heads // max(1, tp)) * head_dim * attn_layers * dtype_bytes
     if kv_bytes_override is not None:
         cell = kv_bytes_override
-    return ModelInfo(model_class, model_type, context_len, weights, cell, mla, hybrid, mamba_slot)
+    return ModelInfo(model_class, model_type, context_len, weights, cell, mla, hybrid, mamba_slot,
+                     kv_dtype_of(cfg, kv_cache_dtype))
+
+
+def kv_dtype_of(cfg: dict[str, object], kv_cache_dtype: str) -> str:
+    """The KV pool's torch dtype as 0.5.23 logs it: the model's dtype with --dtype auto, float32
+    downcast to float16 (bfloat16 for Gemma), as configs/model_config.py _get_and_verify_dtype does;
+    an fp8 --kv-cache-dtype as its torch type."""
+    if kv_cache_dtype.startswith("fp8_e5m2"):
+        return "torch.float8_e5m2"
+    if kv_cache_dtype.startswith("fp8"):
+        return "torch.float8_e4m3fn"
+    raw = cfg.get("torch_dtype", cfg.get("dtype"))
+    name = str(raw).removeprefix("torch.") if isinstance(raw, str) else "float32"
+    if name in ("float32", "float"):
+        return "torch.bfloat16" if str(cfg.get("model_type", "")).startswith("gemma") else "torch.float16"
+    return f"torch.{name}"
 
 
 def _defaults_for_gpu(total_mib: int, tp: int) -> tuple[int, int]:
@@ -268,16 +291,13 @@ def plan_engine(s: EngineSettings, model: ModelInfo, gpus: list[tuple[int, int |
         mamba_bytes = mamba_slots * model.mamba_slot_bytes
         rest -= mamba_bytes
     tokens = max(0, rest) // cell
-    if s.max_total_tokens is not None and 0 < s.max_total_tokens < tokens:
-        tokens = s.max_total_tokens
+    if s.max_total_tokens is not None and s.max_total_tokens < tokens:
+        tokens = max(0, s.max_total_tokens)  # 0 too: 0.5.23 caps first, then finds the pool empty
     kv_pool = tokens * cell
     if failure is None and (rest <= 0 or tokens <= 0):
         failure = Failure("kv", 0, "RuntimeError: Not enough memory. Please try to increase "
                                    "--mem-fraction-static.")
-    if s.max_running_requests is not None:
-        max_running = s.max_running_requests
-    else:
-        max_running = min(max(int(tokens / max(1, context_len) * 512), 2048), 4096)
+    max_running = max_running_requests(s, tokens, context_len)
     if model.hybrid and model.mamba_slot_bytes:
         per_req = 3 if s.mamba_strategy.startswith("extra_buffer") else 1
         if failure is None and s.max_running_requests is not None and max_running * per_req > mamba_slots:
@@ -308,6 +328,43 @@ def plan_engine(s: EngineSettings, model: ModelInfo, gpus: list[tuple[int, int |
     if failure is not None:
         plan = replace(plan, failure=failure)
     return plan
+
+
+def max_running_requests(s: EngineSettings, tokens: int, context_len: int) -> int:
+    """0.5.23's mem_cache/kv_cache_configurator.py resolve_max_num_reqs: never more requests than
+    half the pool's tokens (16 tokens: 8 requests, kv-below-context.log)."""
+    if s.max_running_requests is not None:
+        return max(1, min(s.max_running_requests, tokens // 2)) if tokens else s.max_running_requests
+    estimated = min(max(int(tokens / max(1, context_len) * 512), 2048), 4096)
+    return min(estimated, tokens // 2) if tokens else estimated
+
+
+def plan_cpu(s: EngineSettings, model: ModelInfo, avail_bytes: int) -> EnginePlan:
+    """A --device cpu start (0.5.23 on the CPU build of torch): memory is the host's RAM
+    (psutil's available, utils/common.py get_available_gpu_memory), the static "memory baseline" is 0
+    so the pool may take all of it (mem_fraction_static leaves no slack), chunked prefill 4096 (the
+    default without a GPU size, arg_groups/memory_hook.py), CUDA graphs off. Measured: the real
+    server's lines in tests/verify/data/sglang-0.5.23-cpu/normal.log."""
+    context_len = s.context_length or model.context_len
+    ranks = tuple(RankPlan(r, r, None, avail_bytes, avail_bytes) for r in range(s.tp))
+    weights = model.weights_bytes // max(1, s.tp * s.pp)
+    cell = model.kv_bytes_per_token or 65536
+    rest = avail_bytes - weights
+    tokens = max(0, rest) // cell
+    if s.max_total_tokens is not None and s.max_total_tokens < tokens:
+        tokens = max(0, s.max_total_tokens)
+    failure = None
+    if tokens <= 0:
+        failure = Failure("kv", 0, "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static.")
+    max_running = max_running_requests(s, tokens, context_len)
+    return EnginePlan(
+        settings=s, model=model, ranks=ranks,
+        mem_fraction_static=s.mem_fraction_static if s.mem_fraction_static is not None else 0.8,
+        chunked_prefill_size=s.chunked_prefill_size if s.chunked_prefill_size is not None else 4096,
+        cuda_graph_max_bs=0, weights_per_rank=weights, kv_bytes_per_token=cell, kv_pool_bytes=tokens * cell,
+        max_total_num_tokens=tokens, max_running_requests=max_running, max_mamba_cache_size=0, mamba_bytes=0,
+        req_to_token_bytes=max_running * (context_len + 4) * 4, graph_bytes=0, graph_batch_sizes=(),
+        context_len=context_len, failure=failure, device="cpu")
 
 
 def torch_capacity(total_bytes: int) -> int:

@@ -55,9 +55,18 @@ import time
 import unicodedata
 from collections.abc import Callable
 
-# The bars' own texts (see the module docstring for where they come from).
-SHARDS_DESC = "Loading safetensors checkpoint shards"
-SHARDS_BAR_FORMAT = "{desc}: {percentage:3.0f}% Completed | {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}]\n"
+# The bars' own texts (see the module docstring for where they come from). 0.5.23 loads safetensors
+# shards with its multi-threaded loader by default (model_loader/loader.py: enable_multithread_load
+# True), whose bar is ``with tqdm(total=len(files), desc="Multi-thread loading shards",
+# bar_format=BAR_FORMAT) as pbar: ... pbar.update(1)`` (model_loader/weight_utils.py), and its
+# BAR_FORMAT (srt/utils/common.py) has no newline any more: the real server's
+# "\rMulti-thread loading shards:   0% Completed | 0/1 [00:00<?, ?it/s]\rMulti-thread loading shards:
+# 100% Completed | 1/1 [00:00<00:00, 823.54it/s]\n" (tests/verify/data/sglang-0.5.23-cpu/normal.log).
+SHARDS_DESC = "Multi-thread loading shards"
+SHARDS_BAR_FORMAT = "{desc}: {percentage:3.0f}% Completed | {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}]"
+# 0.5.9's: the single-threaded loader's bar, which ended every update with a newline
+SHARDS_DESC_059 = "Loading safetensors checkpoint shards"
+SHARDS_BAR_FORMAT_059 = SHARDS_BAR_FORMAT + "\n"
 
 
 def capture_desc(bs: int, avail_gib: float) -> str:
@@ -242,6 +251,11 @@ class Tqdm:
     def set_description(self, desc: str) -> None:
         self.desc = desc + ": " if desc else ""
         self.refresh()
+
+    def update(self, n: int = 1) -> None:
+        """``pbar.update(n)`` of a ``with tqdm(total=...) as pbar`` bar (0.5.23's shard loader)."""
+        self._iter_n += n
+        self._update(n)
 
     def iterated(self) -> None:
         self._iter_n += 1

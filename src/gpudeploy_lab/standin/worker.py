@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import json
 import os
 import signal
@@ -48,6 +49,8 @@ class Worker:
             os.write(self.status_fd, (msg + "\n").encode())
 
     def set_mem(self, used: int) -> None:
+        if self.gpu < 0:
+            return  # no GPU (--device cpu, or an invalid device ordinal): nothing for the fake NVML
         self.used = used
         write_record(os.getpid(), self.gpu, used)
 
@@ -109,6 +112,8 @@ class Worker:
             self.bar.set_description(str(act["text"]))
         elif do == "step":
             self.bar.iterated()
+        elif do == "update":
+            self.bar.update()
         elif do == "close":
             self.bar.close()
             self.bar = None
@@ -154,6 +159,14 @@ class Worker:
                 self.fail(text.replace("{peer}", cmd.split(" ", 1)[1]), 1)
 
 
+def set_process_name(title: str) -> None:
+    """The name ``ps``/``/proc/PID/comm`` show, as 0.5.23's setproctitle does ("sglang::scheduler", with
+    "_TP1" when tp > 1; comm keeps 15 bytes: "sglang::schedul"). Best effort (prctl PR_SET_NAME)."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(15, title.encode()[:15] + b"\0", 0, 0, 0)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="gpudeploy_lab.standin.worker")
     ap.add_argument("--rank", type=int, required=True)
@@ -163,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     if not first:
         return 1
     script: dict[str, Any] = json.loads(first)
+    set_process_name(str(script.get("title") or "sglang::scheduler"))
     worker = Worker(script, args.status_fd)
 
     def on_term(signum: int, frame: object) -> None:
