@@ -15,7 +15,6 @@ pattern would also match other deployments (``gpudeploy-pd*`` is ``pd-test``'s t
 from __future__ import annotations
 
 import glob
-import hashlib
 import json
 import os
 import subprocess
@@ -355,24 +354,65 @@ def reach(targets: list[dict[str, Any]], timeout: float = 2.0) -> list[dict[str,
     return out
 
 
+MAX_BODY = 1 << 20
+
+
+def http_status_body(url: str, timeout: float) -> tuple[int, bytes]:
+    """(status, body) of an HTTP/1.0 GET of ``url``, made with a bare socket: urllib.request costs
+    ~30-50 ms of imports on a host (issue 26: status probes every host each time). No proxy, as before;
+    OSError or ValueError when nothing (or no HTTP) answers."""
+    import socket
+
+    scheme, _, rest = url.partition("://")
+    if scheme != "http":
+        raise ValueError(f"not an http:// URL: {url}")
+    netloc, slash, path = rest.partition("/")
+    path = slash + path if slash else "/"
+    if netloc.startswith("["):  # [::1]:30000
+        name, _, port = netloc[1:].partition("]")
+        port = port[1:] if port.startswith(":") else port  # (a host's python may be older than 3.9)
+    else:
+        name, _, port = netloc.partition(":")
+    deadline = time.monotonic() + timeout
+    with socket.create_connection((name, int(port or 80)), timeout=timeout) as sock:
+        sock.sendall(f"GET {path} HTTP/1.0\r\nHost: {netloc}\r\nAccept: */*\r\nConnection: close\r\n\r\n".encode())
+        data = bytearray()
+        while len(data) < MAX_BODY + 65536:
+            sock.settimeout(max(0.01, deadline - time.monotonic()))
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    head, sep, body = bytes(data).partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    parts = lines[0].split(b" ", 2)
+    if not sep or len(parts) < 2 or not parts[0].startswith(b"HTTP/"):
+        raise ValueError("not an HTTP answer")
+    headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(b":") for line in lines[1:])}
+    if headers.get(b"transfer-encoding", b"").lower() == b"chunked":  # (a server may chunk even for 1.0)
+        out, rest_b = bytearray(), body
+        while rest_b:
+            size_line, _, rest_b = rest_b.partition(b"\r\n")
+            size = int(size_line.split(b";")[0] or b"0", 16)
+            if size == 0:
+                break
+            out += rest_b[:size]
+            rest_b = rest_b[size + 2:]
+        body = bytes(out)
+    return int(parts[1]), body[:MAX_BODY]
+
+
 def http_get(urls: dict[str, str], timeout: float = 2.0) -> dict[str, Any]:
     """name -> {"status", "json"?} of a GET made on this host (no proxy), "status": None if down.
 
     All at once (a thread each): SGLang's /health takes over a second by itself."""
     import threading
-    import urllib.error
-    import urllib.request
 
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     out: dict[str, Any] = {}
 
     def get(name: str, url: str) -> None:
         try:
-            with opener.open(url, timeout=timeout) as resp:
-                body = resp.read(1 << 20)
-                status = resp.status
-        except urllib.error.HTTPError as exc:
-            body, status = exc.read(1 << 20), exc.code
+            status, body = http_status_body(url, timeout)
         except Exception:  # refused, reset, timeout, not HTTP: down, for status
             out[name] = {"status": None}
             return
@@ -393,6 +433,8 @@ def http_get(urls: dict[str, str], timeout: float = 2.0) -> dict[str, Any]:
 def file_hash(path: str) -> str | None:
     try:
         with open(path, "rb") as f:
+            import hashlib  # here: only deploy asks for file hashes (~8 ms of every probe's start)
+
             return hashlib.sha256(f.read()).hexdigest()
     except OSError:
         return None
