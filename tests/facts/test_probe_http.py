@@ -86,3 +86,27 @@ def test_the_probe_asks_without_importing_urllib_request(server: int, tmp_path: 
             "print(json.dumps([out['h']['status'], 'urllib.request' in sys.modules, 'hashlib' in sys.modules]))")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert json.loads(res.stdout.strip().splitlines()[-1]) == [200, False, False]
+
+
+def test_the_probe_reads_its_other_facts_while_the_servers_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SGLang's /health answers after 1 s at the earliest: the probe's GETs start first, so a status or
+    a redeploy costs that second once, not that second plus every other fact."""
+    import time
+
+    slow_health, slow_facts = 0.6, 0.6
+
+    def answer(url: str, timeout: float) -> tuple[int, bytes]:
+        time.sleep(slow_health)
+        return 200, b""
+
+    def facts(units: list[str]) -> dict[str, dict[str, str]]:
+        time.sleep(slow_facts)
+        return {}
+
+    monkeypatch.setattr(remote_probe, "http_status_body", answer)
+    monkeypatch.setattr(remote_probe, "systemctl_show", facts)
+    t0 = time.monotonic()
+    out = remote_probe.main({"units": [], "http": {"u": "http://127.0.0.1:1/health"}, "http_timeout": 5})
+    took = time.monotonic() - t0
+    assert out["http"] == {"u": {"status": 200, "json": None}}
+    assert took < slow_health + slow_facts - 0.2  # overlapped (was their sum)

@@ -406,6 +406,13 @@ def http_get(urls: dict[str, str], timeout: float = 2.0) -> dict[str, Any]:
     """name -> {"status", "json"?} of a GET made on this host (no proxy), "status": None if down.
 
     All at once (a thread each): SGLang's /health takes over a second by itself."""
+    answers: dict[str, Any] = http_start(urls, timeout)()
+    return answers
+
+
+def http_start(urls: dict[str, str], timeout: float = 2.0) -> Any:
+    """``http_get``, begun now: returns the function that waits for its answers. The probe starts its
+    GETs first and reads every other fact meanwhile (SGLang's /health answers after 1 s at the earliest)."""
     import threading
 
     out: dict[str, Any] = {}
@@ -425,9 +432,14 @@ def http_get(urls: dict[str, str], timeout: float = 2.0) -> dict[str, Any]:
     threads = [threading.Thread(target=get, args=item, daemon=True) for item in urls.items()]
     for t in threads:
         t.start()
-    for t in threads:
-        t.join(timeout + 1)
-    return {name: out.get(name, {"status": None}) for name in urls}
+    deadline = time.monotonic() + timeout + 1
+
+    def answers() -> dict[str, Any]:
+        for t in threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        return {name: out.get(name, {"status": None}) for name in urls}
+
+    return answers
 
 
 def file_hash(path: str) -> str | None:
@@ -482,6 +494,7 @@ def _process_host() -> Any:
 
 
 def main(spec: dict[str, Any]) -> dict[str, Any]:
+    http = http_start(spec["http"], float(spec.get("http_timeout", 2.0))) if spec.get("http") else dict
     names = list(spec.get("units", []))
     for deployment in spec.get("deployments", []):
         names += [n for n in deployment_units(str(deployment)) if n not in names]
@@ -529,7 +542,7 @@ def main(spec: dict[str, Any]) -> dict[str, Any]:
         "versions": versions(spec["versions"]) if spec.get("versions") else {},
         "engines": engines(spec["engines"]) if spec.get("engines") else {},
         "help": {f"{p} {m}": help_text(p, m) for p, m in spec.get("help", [])},
-        "http": http_get(spec["http"], float(spec.get("http_timeout", 2.0))) if spec.get("http") else {},
+        "http": http(),  # begun first: the other facts were read while the servers answered
     }
 
 
