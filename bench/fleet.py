@@ -108,6 +108,7 @@ FLOOR = {
     "floor_state": "N parallel `ssh host systemctl show` of the unit, fresh connections",
     "floor_state_master": "the same over an already-open control master",
 }
+FLOOR_SHORT = {"floor_ssh": "N x `ssh host true`", "floor_state": "N x `ssh host systemctl show`"}
 # gpudeploy figure -> (the floor it is a ratio to, the target ratio or None)
 RATIO_TO = {"redeploy": ("floor_ssh", 1.5), "status": ("floor_state", 1.2), "status_warm": ("floor_state", 1.2),
             "teardown": ("floor_ssh", None), "deploy": ("floor_ssh", None)}
@@ -792,6 +793,15 @@ def plot(summary: dict[str, Any], out: Path, stem: str) -> list[Path]:
             ys = [(per_n[str(n)].get(tool) or per_n[str(n)]["ansible-f5"])["median"] for n in xs]
             if xs:
                 ax.plot(xs, ys, style, label=label)
+        base = RATIO_TO.get(fig, (None, None))[0]
+        floors = summary.get(base, {}) if base else {}
+        if fig in ("status", "status_warm", "redeploy", "teardown", "deploy"):
+            for key, (label, style) in ((base, (f"floor: {FLOOR_SHORT[base]}", "k-")),
+                                        (f"{base}_master", (f"floor: {FLOOR_SHORT[base]}, control master", "k--"))):
+                per = summary.get(key, {}) if key else {}
+                xs = sorted(int(n) for n, pt in per.items() if "gpudeploy" in pt)
+                if xs and floors:
+                    ax.plot(xs, [per[str(n)]["gpudeploy"]["median"] for n in xs], style, label=label, alpha=0.6)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         plain = matplotlib.ticker.FuncFormatter(lambda v, _pos: f"{v:g}")
