@@ -1,7 +1,14 @@
 """Issue 14's benchmark: gpudeploy and Ansible, alternately in one run, on 1, 3, 8 and 64 lab hosts.
 
     .venv/bin/python bench/fleet.py [--rounds 3] [--ns 1,3,8,64] [--rounds-at-64 2] [--f5-rounds-at-64 1]
+                                    [--tools gpudeploy,ansible] [--no-ansible-at-64] [--profile]
                                     [--out bench/results]
+
+Issue 26's floor, in gpudeploy's turn of every round, right before its status (units running): N
+parallel ``ssh host true`` (the lab's ssh options, OpenSSH's defaults otherwise), fresh and over control
+masters opened beforehand, and one ``systemctl show`` of each host's unit both ways; every gpudeploy
+figure is printed as a multiple of the floor it compares with, with the issue's targets. ``--profile``
+keeps, per N, cProfile of a redeploy and a status and ``ssh -v`` of one host (``<out>/fleet-<date>-profile-N*.txt``).
 
 Needs root (the lab) and ansible-core + matplotlib in .bench-venv (``python3 -m venv .bench-venv &&
 .bench-venv/bin/pip install ansible-core matplotlib``). Brings up lab1..lab<max N> (the hosts above
