@@ -1,7 +1,14 @@
 """Issue 14's benchmark: gpudeploy and Ansible, alternately in one run, on 1, 3, 8 and 64 lab hosts.
 
     .venv/bin/python bench/fleet.py [--rounds 3] [--ns 1,3,8,64] [--rounds-at-64 2] [--f5-rounds-at-64 1]
+                                    [--tools gpudeploy,ansible] [--no-ansible-at-64] [--profile]
                                     [--out bench/results]
+
+Issue 26's floor, in gpudeploy's turn of every round, right before its status (units running): N
+parallel ``ssh host true`` (the lab's ssh options, OpenSSH's defaults otherwise), fresh and over control
+masters opened beforehand, and one ``systemctl show`` of each host's unit both ways; every gpudeploy
+figure is printed as a multiple of the floor it compares with, with the issue's targets. ``--profile``
+keeps, per N, cProfile of a redeploy and a status and ``ssh -v`` of one host (``<out>/fleet-<date>-profile-N*.txt``).
 
 Needs root (the lab) and ansible-core + matplotlib in .bench-venv (``python3 -m venv .bench-venv &&
 .bench-venv/bin/pip install ansible-core matplotlib``). Brings up lab1..lab<max N> (the hosts above
@@ -17,9 +24,11 @@ round), from a clean fleet:
                       systemd_service (daemon-reload when the unit changed; restarted when a file
                       changed, else started) + ``uri`` /health until 200 (retries 20, delay 1 s,
                       delegated to localhost, as in test-lab.md)
-  ready -> return     the command's return minus the latest journal timestamp of a host's
-                      "The server is fired up and ready to roll!" line (realtime clock; the lab
-                      hosts share this machine's kernel)
+  ready -> return     the command's return minus the moment the last host's /health could first answer
+                      200: the latest journal timestamp of a host's "The server is fired up and ready to
+                      roll!" line (realtime clock; the lab hosts share this machine's kernel) plus the
+                      stand-in's 1 s /health (SGLang 0.5.23's health_generate sleeps 1 s before its first
+                      look); "ready_line" is the same without that second
   redeploy            the same command again, nothing changed (checked: no unit restarted)
   status              gpudeploy ``invoke status``, first call after the deploys and again at once
                       (warm); Ansible ad-hoc ``-m command -a "systemctl show -p ... <unit>"``
@@ -79,6 +88,10 @@ import gpudeploy_lab as labctl  # noqa: E402
 BENCH_VENV = REPO / ".bench-venv"
 ANSIBLE = BENCH_VENV / "bin" / "ansible"
 READY_LINE = "The server is fired up and ready to roll!"
+# The stand-in's /health, once ready, answers after exactly this long (gpudeploy_lab/standin/api.py
+# sleeps 1.0 s, as SGLang 0.5.23's health_generate waits `asyncio.sleep(1)` before its first look): a
+# /health asked at the ready line turns 200 this much later, and no sooner.
+HEALTH_ANSWER_S = 1.0
 CRASH_HOST = "lab1"
 # The engines of even hosts on the machine's other core: NUMA node 0 (the TP1 unit's GPU 0) gets
 # CPU 1 there, so N engines start on both cores, not all pinned to CPU 0.
@@ -86,6 +99,7 @@ NUMA_SWAPPED = [{**NUMA[0], "cpus": NUMA[1]["cpus"]}, {**NUMA[1], "cpus": NUMA[0
 FIGURES = {  # key -> (title, unit)
     "deploy": ("first deploy", "s"),
     "ready": ("/health 200 -> command returns", "s"),
+    "ready_line": ("ready line -> command returns (includes the server's own 1 s /health)", "s"),
     "redeploy": ("redeploy, nothing changed", "s"),
     "status": ("status (first call after the deploys)", "s"),
     "status_warm": ("status (again at once)", "s"),
@@ -93,6 +107,20 @@ FIGURES = {  # key -> (title, unit)
     "crash_report": ("engine dies -> failure reported", "s"),
     "crash_exit": ("engine dies -> command exits", "s"),
 }
+# The floor: what plain OpenSSH does on the same hosts in the same round (issue 26), measured right
+# before gpudeploy's status, with its units running. key -> title
+FLOOR = {
+    "floor_ssh": "N parallel `ssh host true`, fresh connections",
+    "floor_ssh_master": "the same over an already-open control master",
+    "floor_state": "N parallel `ssh host systemctl show` of the unit, fresh connections",
+    "floor_state_master": "the same over an already-open control master",
+}
+FLOOR_SHORT = {"floor_ssh": "N x `ssh host true`", "floor_state": "N x `ssh host systemctl show`"}
+# gpudeploy figure -> (the floor it is a ratio to, the target ratio or None)
+RATIO_TO = {"redeploy": ("floor_ssh", 1.5), "status": ("floor_state", 1.2), "status_warm": ("floor_state", 1.2),
+            "teardown": ("floor_ssh", None), "deploy": ("floor_ssh", None)}
+ABSOLUTE = {"ready": 0.25, "crash_report": 0.25}  # gpudeploy figure -> target, s, at every N
+COLD_START_TARGET_S = 0.15
 TARGET_3X = ("redeploy", "status", "status_warm", "teardown")  # >= 3x faster than Ansible forks=N at N >= 3
 
 
@@ -380,6 +408,67 @@ def start_and_exit(host: str, unit: str) -> tuple[float | None, float | None]:
     return start, end
 
 
+def parallel_wall(argvs: list[list[str]], timeout: float = 120) -> float:
+    """Start every argv at once; seconds until the last has exited (each must exit 0)."""
+    t0 = time.monotonic()
+    procs = [subprocess.Popen(a, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+             for a in argvs]
+    failed = []
+    for a, proc in zip(argvs, procs, strict=True):
+        _, err = proc.communicate(timeout=timeout)
+        if proc.returncode != 0:
+            failed.append(f"{a[-2]}: exit {proc.returncode}: {err.decode(errors='replace').strip()[-200:]}")
+    wall = time.monotonic() - t0
+    if failed:
+        raise RuntimeError("floor: " + "; ".join(failed[:3]))
+    return wall
+
+
+def floor(fleet: Fleet, masters: Path) -> dict[str, float]:
+    """What plain OpenSSH does on these hosts now (the lab's ssh options, OpenSSH's defaults otherwise:
+    its own key exchange): N parallel ``ssh host true`` on fresh connections, the same over control
+    masters opened beforehand (untimed), and one ``systemctl show`` of each host's unit (what status
+    must read at the least) both ways. The hosts here all run systemd; a host under the process
+    supervisor would read its state file instead (``cat`` of one file, the same single round trip)."""
+    addrs = {h: fleet.units["good"][h]["address"] for h in fleet.hosts}
+    show = {h: f"systemctl show -p MainPID,ActiveState,SubState,InvocationID {fleet.units['good'][h]['unit']}"
+            for h in fleet.hosts}
+
+    def via_master(h: str) -> list[str]:
+        return ["-o", "ControlMaster=no", "-o", f"ControlPath={masters / h}"]
+
+    def argv(h: str, cmd: str, master: bool) -> list[str]:
+        a = labctl.ssh_argv(addrs[h], cmd)
+        if master:
+            a[1:1] = via_master(h)
+        return a
+
+    out = {"floor_ssh": parallel_wall([argv(h, "true", False) for h in fleet.hosts]),
+           "floor_state": parallel_wall([argv(h, show[h], False) for h in fleet.hosts])}
+    masters.mkdir(parents=True, exist_ok=True)
+    opened = []
+    try:
+        for h in fleet.hosts:  # untimed: ssh -f returns once the master is authenticated
+            a = labctl.ssh_argv(addrs[h], "true")
+            a[1:1] = ["-o", "ControlMaster=yes", "-o", f"ControlPath={masters / h}", "-o", "ControlPersist=60",
+                      "-f", "-N"]
+            a.pop()  # no command with -N
+            # (no pipes: the backgrounded master would hold them open until it exits)
+            subprocess.run(a, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           timeout=60, check=True)
+            opened.append(h)
+        out["floor_ssh_master"] = parallel_wall([argv(h, "true", True) for h in fleet.hosts])
+        out["floor_state_master"] = parallel_wall([argv(h, show[h], True) for h in fleet.hosts])
+    finally:
+        for h in opened:  # the masters this function started, each by its own control socket
+            a = labctl.ssh_argv(addrs[h], "true")
+            a[1:1] = [*via_master(h), "-O", "exit"]
+            a.pop()
+            subprocess.run(a, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           timeout=30, check=False)
+    return out
+
+
 def clean(fleet: Fleet, state: Path) -> None:
     """Whatever a failed step left: gpudeploy's teardown --purge of both inventories removes any unit of
     the benchmark's deployments, also those Ansible wrote."""
@@ -415,7 +504,9 @@ def measure(tool: Tool, fleet: Fleet, state: Path, log: Callable[[str], None]) -
     before = runs_now(fleet) if ok else {}
     if ok:
         ready = [t for _, t in before.values()]
-        rec["ready"] = end_real - max(ready)
+        rec["ready_line"] = end_real - max(ready)
+        # from the earliest moment the last host's /health could answer 200 (see HEALTH_ANSWER_S)
+        rec["ready"] = end_real - (max(ready) + HEALTH_ANSWER_S)
         rec["ready_spread_s"] = max(ready) - min(ready)
     # redeploy, nothing changed: no unit restarted
     r = tool.deploy(fleet, "good", state)
@@ -424,6 +515,9 @@ def measure(tool: Tool, fleet: Fleet, state: Path, log: Callable[[str], None]) -
     # gpudeploy says so per unit (a single deployment prints no summary line); Ansible's recap: changed=0
     unchanged = (r.out.count("unchanged and healthy") == fleet.n) if gd else (len(recap) == fleet.n and not any(recap))
     rec["redeploy"] = keep("redeploy", r, r.rc == 0 and same and unchanged)
+    # the floor, right before status, with the same units running (measured in gpudeploy's turn)
+    if gd and ok:
+        rec.update(floor(fleet, state / "masters"))
     # status, twice
     r = tool.status(fleet, state)
     rec["status"] = keep("status", r, r.rc == 0)
@@ -470,11 +564,49 @@ def measure(tool: Tool, fleet: Fleet, state: Path, log: Callable[[str], None]) -
     return rec
 
 
+# --- profiles ---------------------------------------------------------------------------------------
+
+def profile(fleet: Fleet, state: Path, stem: Path, log: Callable[[str], None]) -> None:
+    """Where the time of a redeploy and of a status goes: cProfile of each (deploy first, untimed), the
+    20 heaviest functions by cumulative time, and ``ssh -v`` of one host with each debug line's time."""
+    env = gd_env(state)
+    r = run(gd_argv("deploy", "--inventory", str(fleet.good)), env=env)
+    if r.rc != 0:
+        log(f"profile N={fleet.n}: deploy failed: {r.out[-500:]}")
+        return
+    texts = []
+    for name, args in (("redeploy", ("deploy",)), ("status", ("status",)), ("status-warm", ("status",))):
+        prof = stem.with_name(stem.name + f"-{name}.prof")
+        res = run([sys.executable, "-m", "cProfile", "-o", str(prof), "-m", "invoke", "--search-root", str(REPO),
+                   *args, "--inventory", str(fleet.good)], env=env)
+        buf = io.StringIO()
+        import pstats
+
+        pstats.Stats(str(prof), stream=buf).sort_stats("cumulative").print_stats(25)
+        prof.unlink()
+        texts.append(f"== {name} (N={fleet.n}): wall {res.wall_s:.3f} s under cProfile, rc {res.rc}\n"
+                     + buf.getvalue())
+    argv = labctl.ssh_argv(fleet.units["good"][fleet.hosts[0]]["address"], "true")
+    argv[argv.index("LogLevel=ERROR")] = "LogLevel=DEBUG1"
+    t0 = time.monotonic()
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    assert proc.stderr is not None
+    lines = [f"{time.monotonic() - t0:7.3f}  {raw.decode(errors='replace').rstrip()}" for raw in proc.stderr]
+    proc.wait(timeout=60)
+    texts.append(f"== ssh -v {fleet.hosts[0]} true (N={fleet.n}): {time.monotonic() - t0:.3f} s\n" + "\n".join(lines))
+    run(gd_argv("teardown", "--inventory", str(fleet.good), "--purge"), env=env)
+    path = stem.with_suffix(".txt")
+    path.write_text("\n\n".join(texts) + "\n")
+    log(f"profile N={fleet.n}: {path}")
+
+
 # --- cold start -------------------------------------------------------------------------------------
 
 def importtime(argv: list[str], env: dict[str, str]) -> dict[str, Any]:
     """``python -X importtime``: total, and the heaviest top-level imports (cumulative us)."""
-    res = subprocess.run([sys.executable, "-X", "importtime", *argv[1:]], capture_output=True, text=True,
+    # (the console script is a python file: run it under the same interpreter)
+    rest = argv[1:] if argv[0] == sys.executable else argv
+    res = subprocess.run([sys.executable, "-X", "importtime", *rest], capture_output=True, text=True,
                          env=env, cwd=REPO, timeout=120, check=False)
     rows = []
     for line in res.stderr.splitlines():
@@ -490,9 +622,9 @@ def importtime(argv: list[str], env: dict[str, str]) -> dict[str, Any]:
 def cold_start(fleet: Fleet, state: Path, runs: int = 5) -> dict[str, Any]:
     env = gd_env(state)
     out: dict[str, Any] = {}
-    for name, args in (("invoke --list", ("--list",)), ("invoke status (1 host)",
-                                                         ("status", "--inventory", str(fleet.good)))):
-        argv = gd_argv(*args)
+    gpudeploy = [str(Path(sys.executable).parent / "gpudeploy")]
+    for name, argv in (("invoke --list", gd_argv("--list")), ("gpudeploy --help", [*gpudeploy, "--help"]),
+                       ("invoke status (1 host)", gd_argv("status", "--inventory", str(fleet.good)))):
         walls = [run(argv, env=env, timeout=120).wall_s for _ in range(runs)]
         out[name] = {"wall_s": statistics.median(walls), "walls": walls, **importtime(argv, env)}
     return out
@@ -507,7 +639,7 @@ def med(xs: list[float]) -> float | None:
 def summarize(records: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
     """figure -> N -> tool -> {median, values}."""
     out: dict[str, dict[str, dict[str, Any]]] = {}
-    for fig in FIGURES:
+    for fig in [*FIGURES, *FLOOR]:
         for rec in records:
             if rec.get(fig) is None:
                 continue
@@ -550,6 +682,53 @@ def targets(summary: dict[str, Any], records: list[dict[str, Any]]) -> list[dict
             checks.append({"target": f"{what} at N={n}", "value": f"median {gd['median']:.2f} s, worst {worst:.2f} s"
                            + ("" if cause else ", cause NOT named"), "met": worst <= 1 and cause})
     return checks
+
+
+def floor_targets(summary: dict[str, Any], cold: dict[str, Any]) -> list[dict[str, Any]]:
+    """Issue 26's targets: ratios to the floor of the same run, absolute times, cold start."""
+    checks: list[dict[str, Any]] = []
+    for fig, (base, goal) in RATIO_TO.items():
+        if goal is None:
+            continue
+        for n, per_tool in sorted(summary.get(fig, {}).items(), key=lambda kv: int(kv[0])):
+            gd = per_tool.get("gpudeploy")
+            fl = summary.get(base, {}).get(n, {}).get("gpudeploy")
+            if gd and fl:
+                ratio = gd["median"] / fl["median"]
+                checks.append({"target": f"{fig} at N={n}: <= {goal:g}x the floor ({base})",
+                               "value": f"{gd['median']:.2f} s / {fl['median']:.2f} s = {ratio:.2f}x",
+                               "met": ratio <= goal})
+    for fig, goal in ABSOLUTE.items():
+        for n, per_tool in sorted(summary.get(fig, {}).items(), key=lambda kv: int(kv[0])):
+            gd = per_tool.get("gpudeploy")
+            if gd:
+                worst = max(gd["values"])
+                checks.append({"target": f"{fig} at N={n}: <= {goal:g} s",
+                               "value": f"median {gd['median']:.2f} s, worst {worst:.2f} s", "met": worst <= goal})
+    for name, c in cold.items():
+        if name in ("invoke --list", "gpudeploy --help"):
+            checks.append({"target": f"{name} cold start <= {COLD_START_TARGET_S:g} s",
+                           "value": f"{c['wall_s']:.3f} s", "met": c["wall_s"] <= COLD_START_TARGET_S})
+    return checks
+
+
+def floor_table(summary: dict[str, Any]) -> str:
+    """Each gpudeploy figure beside the floor it is compared with, and the ratio."""
+    ns = sorted({int(n) for per_n in summary.values() for n in per_n})
+    lines = ["| figure | N | gpudeploy | floor | gpudeploy / floor | Ansible forks N |", "|---|---|---|---|---|---|"]
+    for fig, (base, _goal) in RATIO_TO.items():
+        for n in ns:
+            per_tool = summary.get(fig, {}).get(str(n), {})
+            gd = per_tool.get("gpudeploy", {}).get("median")
+            fl = summary.get(base, {}).get(str(n), {}).get("gpudeploy", {}).get("median")
+            an = (anchor(per_tool) or {}).get("median")
+            ratio = f"{gd / fl:.2f}x" if gd and fl else "-"
+            lines.append(f"| {FIGURES[fig][0]} | {n} | {fmt(gd)} | {fmt(fl)} ({base}) | {ratio} | {fmt(an)} |")
+    for key, title in FLOOR.items():
+        for n in ns:
+            fl = summary.get(key, {}).get(str(n), {}).get("gpudeploy", {}).get("median")
+            lines.append(f"| floor: {title} | {n} | | {fmt(fl)} | | |")
+    return "\n".join(lines)
 
 
 def fmt(x: float | None) -> str:
@@ -621,6 +800,15 @@ def plot(summary: dict[str, Any], out: Path, stem: str) -> list[Path]:
             ys = [(per_n[str(n)].get(tool) or per_n[str(n)]["ansible-f5"])["median"] for n in xs]
             if xs:
                 ax.plot(xs, ys, style, label=label)
+        base = RATIO_TO.get(fig, (None, None))[0]
+        floors = summary.get(base, {}) if base else {}
+        if fig in ("status", "status_warm", "redeploy", "teardown", "deploy"):
+            for key, (label, style) in ((base, (f"floor: {FLOOR_SHORT[base]}", "k-")),
+                                        (f"{base}_master", (f"floor: {FLOOR_SHORT[base]}, control master", "k--"))):
+                per = summary.get(key, {}) if key else {}
+                xs = sorted(int(n) for n, pt in per.items() if "gpudeploy" in pt)
+                if xs and floors:
+                    ax.plot(xs, [per[str(n)]["gpudeploy"]["median"] for n in xs], style, label=label, alpha=0.6)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         plain = matplotlib.ticker.FuncFormatter(lambda v, _pos: f"{v:g}")
@@ -676,6 +864,13 @@ def main() -> None:
     ap.add_argument("--f5-rounds-at-64", type=int, default=1,
                     help="rounds of Ansible at its default forks (5) at N = 64 (default 1: ~7 min each)")
     ap.add_argument("--ns", default="1,3,8,64")
+    ap.add_argument("--tools", default="gpudeploy,ansible",
+                    help="gpudeploy and/or ansible (default both; the floor is measured in gpudeploy's turn)")
+    ap.add_argument("--no-ansible-at-64", action="store_true",
+                    help="no Ansible at N = 64 (its rounds there take ~6 min each)")
+    ap.add_argument("--profile", action="store_true",
+                    help="after each N's rounds: cProfile of a redeploy and a status, and `ssh -v` timings "
+                    "of one host, kept in <out>/fleet-<date>-profile-N*.txt")
     ap.add_argument("--out", default=str(REPO / "bench" / "results"))
     ap.add_argument("--date", default=datetime.date.today().isoformat())
     ap.add_argument("--plot", metavar="JSON", help="only draw the plots of an earlier run's results")
@@ -689,6 +884,7 @@ def main() -> None:
         sys.exit(f"{ANSIBLE} is missing: python3 -m venv .bench-venv && .bench-venv/bin/pip install ansible-core "
                  "matplotlib")
     ns = sorted(int(x) for x in args.ns.split(","))
+    wanted = set(args.tools.split(","))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = f"fleet-{args.date}"
@@ -699,7 +895,7 @@ def main() -> None:
 
     up = {s.host.name for s in labctl.status() if s.up and s.ssh_ok}
     brought_up = not {f"lab{i}" for i in range(1, max(ns) + 1)} <= up
-    doc: dict[str, Any] = {"date": args.date, "machine": machine(),
+    doc: dict[str, Any] = {"date": args.date, "machine": machine(), "tools": sorted(wanted),
                            "command": " ".join([".venv/bin/python bench/fleet.py", *sys.argv[1:]]),
                            "rounds": args.rounds, "rounds_at_64": args.rounds_at_64,
                            "ansible_f5_rounds_at_64": args.f5_rounds_at_64, "records": []}
@@ -727,7 +923,10 @@ def main() -> None:
                 rounds = args.rounds_at_64 if n == 64 else args.rounds
                 for rnd in range(rounds):
                     tools = [t for t in tools_for(n)
-                             if not (n == 64 and t.name == "ansible-f5" and rnd >= args.f5_rounds_at_64)]
+                             if not (n == 64 and t.name == "ansible-f5" and rnd >= args.f5_rounds_at_64)
+                             and (t.name == "gpudeploy" or "ansible" in wanted)
+                             and (t.name != "gpudeploy" or "gpudeploy" in wanted)
+                             and not (n == 64 and args.no_ansible_at_64 and t.name != "gpudeploy")]
                     shift = rnd % len(tools)
                     for tool in tools[shift:] + tools[:shift]:
                         t0 = time.monotonic()
@@ -741,13 +940,15 @@ def main() -> None:
                         doc["records"].append(rec)
                         shown = ", ".join(f"{k} {rec[k]:.2f}" for k in FIGURES if rec.get(k) is not None)
                         log(f"N={n} round {rnd + 1} {tool.name}: {shown} ({time.monotonic() - t0:.0f} s)")
+                if args.profile:
+                    profile(fl, state, out / f"{stem}-profile-N{n}", log)
             doc["cold_start"] = cold_start(fleets[min(ns)], state)
     finally:
         if brought_up:
             with contextlib.redirect_stdout(io.StringIO()):
                 labctl.down()
     doc["summary"] = summarize(doc["records"])
-    doc["targets"] = targets(doc["summary"], doc["records"])
+    doc["targets"] = targets(doc["summary"], doc["records"]) + floor_targets(doc["summary"], doc["cold_start"])
     doc["resources"] = {str(n): resources(doc["records"], n) for n in ns}
     doc["wall_s"] = time.monotonic() - started
     path = out / f"{stem}.json"
@@ -757,6 +958,8 @@ def main() -> None:
           + (f" (N=64: {doc['rounds_at_64']} rounds of gpudeploy and Ansible forks = N, {args.f5_rounds_at_64} of "
              "Ansible forks 5: a round at 64 takes ~15 min)" if 64 in ns else ""))
     print(table(doc["summary"], doc["records"]))
+    print()
+    print(floor_table(doc["summary"]))
     print()
     for c in doc["targets"]:
         print(f"{'met   ' if c['met'] else 'MISSED'} {c['target']}: {c['value']}")

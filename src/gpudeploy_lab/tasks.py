@@ -10,8 +10,10 @@ from invoke.context import Context
 from invoke.exceptions import Exit
 from invoke.tasks import task
 
-from gpudeploy_lab import control, engine
 from gpudeploy_lab.system import LabError
+
+# control and engine are imported by the task that runs: `invoke --list` and `invoke deploy` load this
+# module and need neither (~20 ms of a cold start, issue 26).
 
 
 @task(help={"hosts": "how many hosts: lab1..labN (default 3; 0 with --extra/--no-systemd: only those)",
@@ -21,6 +23,8 @@ from gpudeploy_lab.system import LabError
             "extra": "HOST[,...]: boot these too, beyond lab1..labN"})
 def up(c: Context, hosts: int = 3, private: str = "", no_systemd: str = "", extra: str = "") -> None:
     """Boot lab hosts (systemd + sshd), with the real engines they run (SGLang, vLLM, the router), and wait."""
+    from gpudeploy_lab import control, engine
+
     try:
         # once (~3 min on a fresh machine), then cached: inventory/lab-sglang.yml runs the real SGLang
         # and the real router; inventory/lab.yml's router is the real one too
@@ -37,6 +41,8 @@ def up(c: Context, hosts: int = 3, private: str = "", no_systemd: str = "", extr
             "clear": "back to the default (0.5.23)"})
 def sglang_release(c: Context, host: str, version: str = "", flags_like: str = "", clear: bool = False) -> None:
     """Make a host's stand-in SGLang a release gpudeploy has not captured (/etc/gpudeploy-lab/sglang.json)."""
+    from gpudeploy_lab import control
+
     try:
         if clear:
             control.clear_sglang_release(host)
@@ -52,6 +58,8 @@ def sglang_release(c: Context, host: str, version: str = "", flags_like: str = "
             "driver_not_loaded": "library there, driver not (NVMLError_DriverNotLoaded)"})
 def nvml(c: Context, host: str, restore: bool = False, driver_not_loaded: bool = False) -> None:
     """Take a host's (fake) NVIDIA driver away: nvmlInit raises NVMLError_LibraryNotFound; --restore undoes."""
+    from gpudeploy_lab import control
+
     try:
         if restore:
             control.restore_nvml(host)
@@ -65,6 +73,8 @@ def nvml(c: Context, host: str, restore: bool = False, driver_not_loaded: bool =
             "remove": "take the private link away again"})
 def private(c: Context, bastion: str, host: str, remove: bool = False) -> None:
     """Put a running host behind a bastion: reachable at 10.232.<N>.2 (labN-private) only through it."""
+    from gpudeploy_lab import control
+
     try:
         if remove:
             control.remove_private_link(bastion, host)
@@ -77,6 +87,8 @@ def private(c: Context, bastion: str, host: str, remove: bool = False) -> None:
 @task(help={"only": "HOST[,...]: only these hosts; the others keep running"})
 def down(c: Context, only: str = "") -> None:
     """Stop all lab hosts and remove everything they left behind."""
+    from gpudeploy_lab import control
+
     try:
         control.down(control.parse_names(only))
     except LabError as exc:
@@ -86,6 +98,8 @@ def down(c: Context, only: str = "") -> None:
 @task
 def status(c: Context) -> None:
     """Print each lab host: up/down, address, ssh, systemd state, RAM."""
+    from gpudeploy_lab import control
+
     statuses = control.status()
     for st in statuses:
         print(st.line())
@@ -98,6 +112,8 @@ def status(c: Context) -> None:
 @task(name="engine")
 def engine_(c: Context) -> None:
     """Build (once, cached) what lab hosts see read-only: vLLM CPU + tiny model, and sglang-router."""
+    from gpudeploy_lab import engine
+
     try:
         engine.ensure_all()
     except LabError as exc:
@@ -107,6 +123,8 @@ def engine_(c: Context) -> None:
 @task
 def router(c: Context) -> None:
     """Build (once, cached) only the real sglang-router venv (0.3.2) that lab hosts see read-only."""
+    from gpudeploy_lab import engine
+
     try:
         engine.ensure_router()
     except LabError as exc:

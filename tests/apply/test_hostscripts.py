@@ -146,3 +146,34 @@ def test_host_scripts_run_the_hosts_own_python(tmp_path: Path) -> None:
         HostLock(Refusing(), wait_s=0).__enter__()  # type: ignore[arg-type]
     assert seen and seen[0][0] == "/opt/venvs/py311/bin/python3"
     assert kill_exact_argv(host.python, [(1, 2)])[0] == "/opt/venvs/py311/bin/python3"
+
+
+def test_a_holder_with_a_probe_reads_the_facts_once_it_holds_the_lock(tmp_path: Path) -> None:
+    """Deploy's probe rides on the lock's round trip (issue 26); what it reads must be what the host
+    looks like under the lock, not before another run let go of it."""
+    import hashlib
+    import json
+
+    from gpudeploy.apply.lock import _facts, holder_argv
+
+    lock, marker = tmp_path / "host.lock", tmp_path / "unit-file"
+    first = _holder(lock, 5, 30)
+    assert _first_line(first) == "locked"
+    argv = holder_argv(sys.executable, 10, '{"by": "test"}', {"units": [], "files": [str(marker)]})
+    argv[3] = str(lock)
+    waiter = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert _first_line(waiter).startswith("busy")
+        marker.write_text("written by the run that holds the lock")  # that run's last change
+        assert first.stdin is not None
+        first.stdin.close()
+        line = _first_line(waiter)
+        assert line.startswith("locked ")
+        facts = _facts(line.removeprefix("locked "))
+        assert facts is not None
+        assert facts["files"][str(marker)] == hashlib.sha256(marker.read_bytes()).hexdigest()
+        assert _facts(json.dumps({"probe_error": "ValueError: x"})) is None  # deploy then probes on its own
+    finally:
+        for p in (first, waiter):
+            p.kill()
+            p.wait()

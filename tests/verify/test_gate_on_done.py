@@ -82,8 +82,12 @@ class _Host:
         self.records[path] = json.loads(data)
 
     def run(self, argv: list[str], **kw: Any) -> Result:
-        units = json.loads(argv[3])["units"]
-        return Result(0, json.dumps({"units": {u: {"procs": [{"pid": 7, "start_ticks": 99}]} for u in units}}), "")
+        spec = json.loads(argv[3])
+        procs = [{"pid": 7, "start_ticks": 99}]
+        for w in spec.get("records", []):  # the probe writes a ready run's record (remote_probe.write_records)
+            self.records[w["path"]] = {**w["record"], "pids": procs}
+        return Result(0, json.dumps({"units": {u: {"procs": procs} for u in spec["units"]},
+                                     "recorded": {w["unit"]: {"pids": procs} for w in spec.get("records", [])}}), "")
 
 
 def test_deploy_says_the_failure_and_its_cause_when_the_gate_hears_it(monkeypatch: pytest.MonkeyPatch,

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import interrupt
-from ..errors import GpudeployError, InputError, Problem
+from ..errors import GpudeployError, InputError, Problem, RemoteError
 from ..facts.probe import probe
 from ..fanout import Cancel, progress, progress_done, say
 from ..model import Plan, Unit
@@ -197,11 +197,14 @@ def _after_gate(remote: Transport, supervisor: Supervisor, u: Unit, run: Run, ga
     if cause is not None and cause.kind == "interrupted":
         return UnitOutcome(u, "interrupted", False, run.main_pid, gate, message="left running (still starting)")
     if gate.ok:
-        procs = supervisor.states(probe(remote, {"units": [u.name]}))[u.name].procs
-        _record(remote, u, {"state": "ready", **base,
-                            "pids": [{"pid": p["pid"], "start_ticks": p["start_ticks"]} for p in procs],
-                            "files": file_hashes(files[u.name])})
-        return UnitOutcome(u, action, True, run.main_pid, gate, pids=[p["pid"] for p in procs])
+        # One round trip: the probe finds the unit's processes and writes the record with them.
+        record = {**_record_head(u), "state": "ready", **base, "files": file_hashes(files[u.name])}
+        facts = probe(remote, {"units": [u.name], "records": [
+            {"unit": u.name, "supervisor": supervisor.name, "path": f"{RUNS_DIR}/{u.name}.json", "record": record}]})
+        written = (facts.get("recorded") or {}).get(u.name) or {"error": "the host probe wrote no record"}
+        if "error" in written:
+            raise RemoteError(remote.host.name, f"the run record of {u.name} could not be written: {written['error']}")
+        return UnitOutcome(u, action, True, run.main_pid, gate, pids=[p["pid"] for p in written["pids"]])
     stopped = ""
     if gate.died_at is None and not opts.keep_on_failure:
         # A server that hangs, or printed a fatal line but lingers, still holds its GPUs:
@@ -214,7 +217,11 @@ def _after_gate(remote: Transport, supervisor: Supervisor, u: Unit, run: Run, ga
     return UnitOutcome(u, "failed", False, run.main_pid, gate, message=stopped)
 
 
+def _record_head(unit: Unit) -> dict[str, Any]:
+    return {"unit": unit.name, "host": unit.host.name, "deployment": unit.deployment, "role": unit.role.name,
+            "recorded_at": time.time()}
+
+
 def _record(remote: Transport, unit: Unit, data: dict[str, Any]) -> None:
-    record = {"unit": unit.name, "host": unit.host.name, "deployment": unit.deployment, "role": unit.role.name,
-              "recorded_at": time.time(), **data}
+    record = {**_record_head(unit), **data}
     remote.put(f"{RUNS_DIR}/{unit.name}.json", json.dumps(record, indent=1).encode(), 0o644)

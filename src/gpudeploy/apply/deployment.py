@@ -31,7 +31,7 @@ from ..supervisor.process import PROCESS
 from ..supervisor.systemd import SYSTEMD
 from ..verify.gate import request_timeout
 from ..verify.group import GroupLinks, rank_words, root_cause
-from ..verify.http import status_of
+from ..verify.http import local_url
 from ..verify.smoke import SmokeResult, smoke_test
 from . import check, preflight, rolling, rollout
 from .deploy import Options, UnitOutcome, calibrate, desired_files, file_hashes, secrets_for, start_and_gate
@@ -180,13 +180,28 @@ def _why_skipped(result: DeployResult, u: Unit) -> str:
     return f"not started: {failure}" if failure else "not started"
 
 
+def probe_spec(host: Host, mine: list[Unit], units: list[Unit]) -> dict[str, Any]:
+    """What deploy's one probe of ``host`` reads: its units' states and files, ports, GPUs, the ports
+    it must reach, its engines' releases, and each unit's /health (asked on the host, all at once, as
+    status asks it: the answer counts only for a unit that is active)."""
+    # Both supervisors' unit files are hashed: which one the host uses is known only then.
+    candidates = [p for u in mine for p in (SYSTEMD.unit_path(u.name), PROCESS.unit_path(u.name), u.env_path)]
+    health = {u.name: local_url(u.health_url, host) for u in mine if u.health_url}
+    return {"units": [u.name for u in mine], "ports": True, "gpus": True, "files": candidates,
+            "reach": [t for u in mine for t in reach_targets(u, units)],
+            "versions": preflight.versions_spec(host, mine), "http": health,
+            "http_timeout": max([request_timeout(u) for u in mine if u.health_url] or [2.0])}
+
+
 def _open(hosts: list[Host], units: list[Unit], opts: Options, cancel: Cancel, stack: ExitStack,
           result: DeployResult) -> dict[str, HostSession]:
-    opened, errors = open_sessions(hosts, opts.lock_wait_s, cancel, stack)
+    # The probe rides on the lock's round trip: deploy's facts are read once the lock is held.
+    specs = {h.name: probe_spec(h, [u for u in units if u.host.name == h.name], units) for h in hosts}
+    opened, errors = open_sessions(hosts, opts.lock_wait_s, cancel, stack, specs)
     for name, error in errors.items():
         _host_failed(result, units, name, error)
-    return {name: HostSession(s.host, s.remote, s.supervisor, [u for u in units if u.host.name == name])
-            for name, s in opened.items()}
+    return {name: HostSession(s.host, s.remote, s.supervisor, [u for u in units if u.host.name == name],
+                              facts=s.facts or {}) for name, s in opened.items()}
 
 
 def _host_failed(result: DeployResult, units: list[Unit], host: str, error: GpudeployError) -> None:
@@ -205,16 +220,12 @@ def _run(plan: Plan, sessions: dict[str, HostSession], units: list[Unit], secret
 
     def prepare(host: Host) -> None:
         s = sessions[host.name]
-        targets = [t for u in s.units for t in reach_targets(u, units)]
-        # Both supervisors' unit files are hashed: which one the host uses is known only now.
-        candidates = [p for u in s.units for p in (SYSTEMD.unit_path(u.name), PROCESS.unit_path(u.name), u.env_path)]
-        s.facts = probe(s.remote, {"units": [u.name for u in s.units], "ports": True, "gpus": True,
-                                   "files": candidates, "reach": targets,
-                                   "versions": preflight.versions_spec(host, s.units)})
+        if not s.facts:  # the lock's holder could not probe: ask on our own (its error is the one to say)
+            s.facts = probe(s.remote, probe_spec(host, s.units, units))
         s.supervisor = for_host(host, s.facts)
         s.files = {u.name: desired_files(u, secrets, renderer, s.supervisor) for u in s.units}
         s.states = s.supervisor.states(s.facts)
-        s.healthy = {u.name: status_of(u.health_url, timeout=request_timeout(u), via=s.remote) == 200
+        s.healthy = {u.name: (s.facts.get("http", {}).get(u.name) or {}).get("status") == 200
                      for u in s.units if u.health_url and s.states[u.name].active}
         found = preflight.problems(host, s.units, s.facts, s.states, s.supervisor, force=opts.force)
         found += [f"{r['from']} cannot reach {r['address']}:{r['port']} ({r['what']}) from {host.name}: "

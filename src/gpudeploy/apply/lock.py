@@ -18,6 +18,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from ..errors import GpudeployError, RemoteError
 from ..fanout import Cancel
@@ -26,11 +27,14 @@ from ..remote.base import Transport
 LOCK_PATH = "/run/gpudeploy/host.lock"
 HEARTBEAT_S = 1.0
 HEARTBEAT_TIMEOUT_S = 10.0
+PROBE_S = 60.0  # what the host probe may take (facts.probe's default timeout)
 
-# Runs on the host. argv: PATH HOLDER_JSON WAIT_S HEARTBEAT_TIMEOUT_S. Prints "busy <holder>" once
-# while it waits, then "locked" or "timeout"; holds the lock while bytes keep arriving on stdin.
+# Runs on the host. argv: PATH HOLDER_JSON WAIT_S HEARTBEAT_TIMEOUT_S [PROBE_SOURCE PROBE_SPEC]. Prints
+# "busy <holder>" once while it waits, then "locked" or "timeout"; holds the lock while bytes keep
+# arriving on stdin. With a probe, it runs the host probe once it holds the lock and says
+# "locked <facts JSON>": deploy's facts come in the lock's own round trip (issue 26), read under the lock.
 HOLDER = r"""
-import fcntl, os, select, sys, time
+import fcntl, json, os, select, sys, time
 path, holder, wait_s, beat_s = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
 os.makedirs(os.path.dirname(path), exist_ok=True)
 fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -52,7 +56,15 @@ while True:
             sys.exit(4)  # our client went away while we waited
 os.ftruncate(fd, 0)
 os.pwrite(fd, holder.encode(), 0)
-print("locked", flush=True)
+if len(sys.argv) > 6:
+    try:
+        probe = {"__name__": "gpudeploy_probe"}
+        exec(compile(sys.argv[5], "gpudeploy_probe", "exec"), probe)
+        print("locked " + json.dumps(probe["main"](json.loads(sys.argv[6]))), flush=True)
+    except Exception as exc:  # the client probes again on its own and reports that one's error
+        print("locked " + json.dumps({"probe_error": type(exc).__name__ + ": " + str(exc)}), flush=True)
+else:
+    print("locked", flush=True)
 last = time.monotonic()
 while True:
     ready, _, _ = select.select([0], [], [], beat_s)
@@ -65,10 +77,16 @@ while True:
 """
 
 
-def holder_argv(python: str, wait_s: float, holder: str) -> list[str]:
+def holder_argv(python: str, wait_s: float, holder: str, probe: dict[str, Any] | None = None) -> list[str]:
     """The holder's command line; ``python`` is the host's interpreter (the inventory's ``python``:
-    PATH's python3 on a host may be another one, or none)."""
-    return [python, "-c", HOLDER, LOCK_PATH, holder, f"{wait_s:g}", f"{HEARTBEAT_TIMEOUT_S:g}"]
+    PATH's python3 on a host may be another one, or none). ``probe``: the host probe's spec, run
+    once the lock is held."""
+    argv = [python, "-c", HOLDER, LOCK_PATH, holder, f"{wait_s:g}", f"{HEARTBEAT_TIMEOUT_S:g}"]
+    if probe is not None:
+        from ..facts.probe import SOURCE
+
+        argv += [SOURCE, json.dumps(probe)]
+    return argv
 
 
 class LockBusy(RemoteError):
@@ -77,8 +95,10 @@ class LockBusy(RemoteError):
 
 class HostLock:
     def __init__(self, remote: Transport, wait_s: float = 600.0, on_wait: Callable[[str], None] | None = None,
-                 cancel: Cancel | None = None) -> None:
+                 cancel: Cancel | None = None, probe: dict[str, Any] | None = None) -> None:
         self.remote = remote
+        self.probe = probe
+        self.facts: dict[str, Any] | None = None  # the probe's, read under the lock (None: probe on your own)
         self.wait_s = wait_s
         self.on_wait = on_wait
         self.cancel = cancel
@@ -89,13 +109,15 @@ class HostLock:
     def __enter__(self) -> HostLock:
         holder = json.dumps({"by": f"{getpass.getuser()}@{socket.gethostname()}", "pid": os.getpid(),
                              "since": time.strftime("%Y-%m-%d %H:%M:%S")})
-        chan = self.remote.stream(holder_argv(self.remote.host.python or "python3", self.wait_s, holder))
+        chan = self.remote.stream(holder_argv(self.remote.host.python or "python3", self.wait_s, holder, self.probe))
         self.chan = chan
         self.beat = threading.Thread(target=self._heartbeat, daemon=True)
         self.beat.start()
         chan.settimeout(0.2)
         buf = b""
-        deadline = time.monotonic() + self.wait_s + 5.0  # the holder gives up first, by itself
+        # the holder gives up first, by itself; a probe it runs may take the probe's own time
+        extra = PROBE_S + float(self.probe.get("http_timeout", 0.0)) if self.probe is not None else 0.0
+        deadline = time.monotonic() + self.wait_s + 5.0 + extra
         try:
             while time.monotonic() < deadline:
                 if self.cancel is not None and self.cancel.is_set():
@@ -112,6 +134,9 @@ class HostLock:
                     line, buf = buf.split(b"\n", 1)
                     text = line.decode(errors="replace")
                     if text == "locked":
+                        return self
+                    if text.startswith("locked "):
+                        self.facts = _facts(text[7:])
                         return self
                     if text == "timeout":
                         raise LockBusy(self.remote.host.name, "another gpudeploy run held the host lock "
@@ -138,3 +163,12 @@ class HostLock:
         chan = self.chan
         if chan is not None:
             chan.close()  # type: ignore[attr-defined]
+
+
+def _facts(text: str) -> dict[str, Any] | None:
+    """The holder's probe answer; None where it failed (the caller probes on its own and says why)."""
+    try:
+        facts = json.loads(text)
+    except ValueError:
+        return None
+    return facts if isinstance(facts, dict) and "probe_error" not in facts else None

@@ -7,9 +7,10 @@ hosts then never wait for each other in a ring.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass
+from typing import Any
 
 from ..errors import GpudeployError
 from ..fanout import Cancel, for_each_host, say
@@ -26,15 +27,20 @@ class Session:
     host: Host
     remote: Transport
     supervisor: Supervisor
+    facts: dict[str, Any] | None = None  # the host probe's, read with the lock (when asked for)
 
 
 def _waiting(host: str) -> Callable[[str], None]:
     return lambda who: say(f"[{host}] waiting for another gpudeploy run ({who})")
 
 
-def open_sessions(hosts: list[Host], lock_wait_s: float, cancel: Cancel | None, stack: ExitStack
+def open_sessions(hosts: list[Host], lock_wait_s: float, cancel: Cancel | None, stack: ExitStack,
+                  probes: Mapping[str, dict[str, Any]] | None = None
                   ) -> tuple[dict[str, Session], dict[str, GpudeployError]]:
-    """(sessions, errors) by host name; ``stack`` closes the connections and locks."""
+    """(sessions, errors) by host name; ``stack`` closes the connections and locks. ``probes``: host
+    name -> the host probe's spec, run by the lock's holder as soon as it holds the lock (one round
+    trip for both; ``Session.facts``)."""
+    specs = probes or {}
     errors: dict[str, GpudeployError] = {}
 
     def open_one(host: Host) -> Transport:
@@ -51,7 +57,7 @@ def open_sessions(hosts: list[Host], lock_wait_s: float, cancel: Cancel | None, 
             stack.callback(res.close)
     reachable = [h for h in hosts if h.name in remotes]
     locks: dict[str, HostLock | GpudeployError] = dict(for_each_host(
-        reachable, lambda h: HostLock(remotes[h.name], 0, None, cancel).__enter__(), cancel))
+        reachable, lambda h: HostLock(remotes[h.name], 0, None, cancel, specs.get(h.name)).__enter__(), cancel))
     if any(isinstance(r, LockBusy) for r in locks.values()):
         for r in locks.values():
             if isinstance(r, HostLock):
@@ -59,7 +65,8 @@ def open_sessions(hosts: list[Host], lock_wait_s: float, cancel: Cancel | None, 
         locks = {}
         for h in sorted(reachable, key=lambda h: h.name):
             try:
-                locks[h.name] = HostLock(remotes[h.name], lock_wait_s, _waiting(h.name), cancel).__enter__()
+                locks[h.name] = HostLock(remotes[h.name], lock_wait_s, _waiting(h.name), cancel,
+                                         specs.get(h.name)).__enter__()
             except GpudeployError as exc:
                 locks[h.name] = exc
     sessions: dict[str, Session] = {}
@@ -67,7 +74,7 @@ def open_sessions(hosts: list[Host], lock_wait_s: float, cancel: Cancel | None, 
         lock = locks[h.name]
         if isinstance(lock, HostLock):
             stack.callback(lock.__exit__)
-            sessions[h.name] = Session(h, remotes[h.name], for_host(h))
+            sessions[h.name] = Session(h, remotes[h.name], for_host(h), lock.facts)
         else:
             errors[h.name] = lock
     return sessions, errors

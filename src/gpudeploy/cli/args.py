@@ -14,7 +14,6 @@ from invoke.exceptions import Exit
 
 from .. import interrupt
 from ..errors import GpudeployError
-from ..fanout import raise_open_files
 
 DEFAULT_INVENTORY = "inventory/hosts.yml"
 INVENTORY_ENV = "GPUDEPLOY_INVENTORY"
@@ -73,6 +72,8 @@ def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from ..fanout import raise_open_files  # (here, not at import: see cli/tasks.py)
+
         raise_open_files()
         interrupt.install()  # Ctrl-C always ends the command within interrupt.GRACE_S
         try:
@@ -84,6 +85,13 @@ def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             interrupt.leave(130)  # never waits for worker threads still on a host
 
     return wrapper
+
+
+def set_forks(value: int | None) -> None:
+    """--forks N: how many hosts at once (``fanout.set_forks``, imported only by a task that runs)."""
+    from ..fanout import set_forks as set_fanout_forks
+
+    set_fanout_forks(value)
 
 
 def calibration() -> Any:

@@ -33,9 +33,6 @@ from invoke.exceptions import Exit
 from invoke.tasks import task
 
 from .. import interrupt
-from ..fanout import Interrupted, set_forks
-from ..plan import load_plan
-from ..report import deploy_records, deploy_summary, interrupted_text, plan_json, plan_text, status_text
 from .args import (
     FORKS_HELP,
     SELECT,
@@ -44,8 +41,13 @@ from .args import (
     percent,
     positive_int,
     seconds,
+    set_forks,
     user_errors,
 )
+
+# Nothing of gpudeploy beyond this is imported here: `gpudeploy --help` and `invoke --list` load only
+# this module (issue 26: cold start <= 0.15 s; the planner, jinja2, yaml, fabric and paramiko cost
+# ~0.1 s more), and each task imports what it runs.
 
 
 def plan_and_hosts(inventory: str, host: str | None, role: str | None,
@@ -53,6 +55,8 @@ def plan_and_hosts(inventory: str, host: str | None, role: str | None,
     """The plan for a read-or-stop command (no memory check), the hosts it looks at (the one asked
     for, the hosts of the deployment asked for, or all of them), and among those the hosts added
     only because a selected multi-node group has ranks there (a group is one engine)."""
+    from ..plan import load_plan
+
     p = load_plan(inventory, host=host, role=role, deployment=deployment, memory=False)
     on = {u.host.name for u in p.units}
     picked = [h for h in p.inventory.hosts.values()
@@ -66,6 +70,7 @@ def plan_learning_flags(inventory: str, **kwargs: Any) -> Any:
     """The plan; when a host runs a release gpudeploy has not captured, read its --help there
     first (once: it is kept on this machine) and plan again."""
     from ..errors import InputError
+    from ..plan import load_plan
     from ..plan.flags import FlagsNotKnown
 
     try:
@@ -89,6 +94,9 @@ def plan(c: Context, inventory: str | None = None, host: str | None = None, role
          json_: bool = False, suggest: bool = False) -> None:
     """Show what would run where (GPUs, NUMA, ports, command, env, files, memory) without touching anything."""
     inventory = inventory_path(inventory)
+    from ..plan import load_plan
+    from ..report import plan_json, plan_text
+
     # a release gpudeploy has not captured plans with the nearest captured one's flags, marked so;
     # deploy reads the host's own --help before it renders anything
     p = load_plan(inventory, host=host, role=role, store=calibration(), suggest=suggest, offline_flags=True)
@@ -130,6 +138,8 @@ def deploy(c: Context, host: str | None = None, inventory: str | None = None, ro
     from ..apply.deploy import Options
     from ..apply.deployment import deploy as run_deploy
     from ..apply.rollout import parse_serial
+    from ..fanout import Interrupted
+    from ..report import deploy_records, deploy_summary, interrupted_text
 
     timeout_s = seconds(timeout, "--timeout")
     set_forks(positive_int(forks, "--forks"))
@@ -182,6 +192,7 @@ def status(c: Context, inventory: str | None = None, host: str | None = None, ro
     """Every gpudeploy unit by deployment: state, PID, uptime, ports, /health, the router's view of it."""
     inventory = inventory_path(inventory)
     from ..errors import GpudeployError as Err
+    from ..report import status_text
     from ..verify.status import status as run_status
 
     set_forks(positive_int(forks, "--forks"))
@@ -267,6 +278,7 @@ def teardown(c: Context, inventory: str | None = None, host: str | None = None, 
 def logs(c: Context, host: str, role: str, inventory: str | None = None, follow: bool = False) -> None:
     """The journal of the unit's current run only (never lines of earlier runs)."""
     inventory = inventory_path(inventory)
+    from ..plan import load_plan
     from ..verify.logs import show_logs
 
     p = load_plan(inventory, host=host, role=role, memory=False)

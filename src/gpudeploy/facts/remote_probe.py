@@ -15,7 +15,6 @@ pattern would also match other deployments (``gpudeploy-pd*`` is ``pd-test``'s t
 from __future__ import annotations
 
 import glob
-import hashlib
 import json
 import os
 import subprocess
@@ -355,24 +354,72 @@ def reach(targets: list[dict[str, Any]], timeout: float = 2.0) -> list[dict[str,
     return out
 
 
+MAX_BODY = 1 << 20
+
+
+def http_status_body(url: str, timeout: float) -> tuple[int, bytes]:
+    """(status, body) of an HTTP/1.0 GET of ``url``, made with a bare socket: urllib.request costs
+    ~30-50 ms of imports on a host (issue 26: status probes every host each time). No proxy, as before;
+    OSError or ValueError when nothing (or no HTTP) answers."""
+    import socket
+
+    scheme, _, rest = url.partition("://")
+    if scheme != "http":
+        raise ValueError(f"not an http:// URL: {url}")
+    netloc, slash, path = rest.partition("/")
+    path = slash + path if slash else "/"
+    if netloc.startswith("["):  # [::1]:30000
+        name, _, port = netloc[1:].partition("]")
+        port = port[1:] if port.startswith(":") else port  # (a host's python may be older than 3.9)
+    else:
+        name, _, port = netloc.partition(":")
+    deadline = time.monotonic() + timeout
+    with socket.create_connection((name, int(port or 80)), timeout=timeout) as sock:
+        sock.sendall(f"GET {path} HTTP/1.0\r\nHost: {netloc}\r\nAccept: */*\r\nConnection: close\r\n\r\n".encode())
+        data = bytearray()
+        while len(data) < MAX_BODY + 65536:
+            sock.settimeout(max(0.01, deadline - time.monotonic()))
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    head, sep, body = bytes(data).partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    parts = lines[0].split(b" ", 2)
+    if not sep or len(parts) < 2 or not parts[0].startswith(b"HTTP/"):
+        raise ValueError("not an HTTP answer")
+    headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(b":") for line in lines[1:])}
+    if headers.get(b"transfer-encoding", b"").lower() == b"chunked":  # (a server may chunk even for 1.0)
+        out, rest_b = bytearray(), body
+        while rest_b:
+            size_line, _, rest_b = rest_b.partition(b"\r\n")
+            size = int(size_line.split(b";")[0] or b"0", 16)
+            if size == 0:
+                break
+            out += rest_b[:size]
+            rest_b = rest_b[size + 2:]
+        body = bytes(out)
+    return int(parts[1]), body[:MAX_BODY]
+
+
 def http_get(urls: dict[str, str], timeout: float = 2.0) -> dict[str, Any]:
     """name -> {"status", "json"?} of a GET made on this host (no proxy), "status": None if down.
 
     All at once (a thread each): SGLang's /health takes over a second by itself."""
-    import threading
-    import urllib.error
-    import urllib.request
+    answers: dict[str, Any] = http_start(urls, timeout)()
+    return answers
 
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+def http_start(urls: dict[str, str], timeout: float = 2.0) -> Any:
+    """``http_get``, begun now: returns the function that waits for its answers. The probe starts its
+    GETs first and reads every other fact meanwhile (SGLang's /health answers after 1 s at the earliest)."""
+    import threading
+
     out: dict[str, Any] = {}
 
     def get(name: str, url: str) -> None:
         try:
-            with opener.open(url, timeout=timeout) as resp:
-                body = resp.read(1 << 20)
-                status = resp.status
-        except urllib.error.HTTPError as exc:
-            body, status = exc.read(1 << 20), exc.code
+            status, body = http_status_body(url, timeout)
         except Exception:  # refused, reset, timeout, not HTTP: down, for status
             out[name] = {"status": None}
             return
@@ -385,14 +432,21 @@ def http_get(urls: dict[str, str], timeout: float = 2.0) -> dict[str, Any]:
     threads = [threading.Thread(target=get, args=item, daemon=True) for item in urls.items()]
     for t in threads:
         t.start()
-    for t in threads:
-        t.join(timeout + 1)
-    return {name: out.get(name, {"status": None}) for name in urls}
+    deadline = time.monotonic() + timeout + 1
+
+    def answers() -> dict[str, Any]:
+        for t in threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        return {name: out.get(name, {"status": None}) for name in urls}
+
+    return answers
 
 
 def file_hash(path: str) -> str | None:
     try:
         with open(path, "rb") as f:
+            import hashlib  # here: only deploy asks for file hashes (~8 ms of every probe's start)
+
             return hashlib.sha256(f.read()).hexdigest()
     except OSError:
         return None
@@ -440,6 +494,7 @@ def _process_host() -> Any:
 
 
 def main(spec: dict[str, Any]) -> dict[str, Any]:
+    http = http_start(spec["http"], float(spec.get("http_timeout", 2.0))) if spec.get("http") else dict
     names = list(spec.get("units", []))
     for deployment in spec.get("deployments", []):
         names += [n for n in deployment_units(str(deployment)) if n not in names]
@@ -467,7 +522,10 @@ def main(spec: dict[str, Any]) -> dict[str, Any]:
                 p for p in (proc_info(r["pid"]) for r in record.get("pids", []))
                 if p and any(p["pid"] == r["pid"] and p["start_ticks"] == r["start_ticks"]
                              for r in record.get("pids", []))]
+    process_units = _process_host().unit_facts(list(spec.get("units", [])), list(spec.get("deployments", [])),
+                                               int(spec.get("journal_lines", 60)))
     return {
+        "recorded": write_records(list(spec.get("records", [])), units, process_units),
         "systemd": os.path.isdir("/run/systemd/system"),
         "hostname": os.uname().nodename,
         "clock_ticks": os.sysconf("SC_CLK_TCK"),
@@ -477,16 +535,41 @@ def main(spec: dict[str, Any]) -> dict[str, Any]:
         "files": {p: file_hash(p) for p in spec.get("files", [])},
         "listening": {str(k): v for k, v in listening_ports().items()} if spec.get("ports") else {},
         "gpus": gpus() if spec.get("gpus") else None,
-        "process_units": _process_host().unit_facts(list(spec.get("units", [])), list(spec.get("deployments", [])),
-                                                    int(spec.get("journal_lines", 60))),
+        "process_units": process_units,
         "reach": reach(spec["reach"]) if spec.get("reach") else [],
         "topology": cpu_topology() if spec.get("topology") else None,
         "init": init_system(),
         "versions": versions(spec["versions"]) if spec.get("versions") else {},
         "engines": engines(spec["engines"]) if spec.get("engines") else {},
         "help": {f"{p} {m}": help_text(p, m) for p, m in spec.get("help", [])},
-        "http": http_get(spec["http"], float(spec.get("http_timeout", 2.0))) if spec.get("http") else {},
+        "http": http(),  # begun first: the other facts were read while the servers answered
     }
+
+
+def write_records(wanted: list[dict[str, Any]], units: dict[str, Any], process_units: dict[str, Any]
+                  ) -> dict[str, Any]:
+    """Run records written with the processes this probe just found: deploy's record of a ready run in
+    the probe's own round trip, not a probe and then a write (issue 26: the two cost ~0.65 s after the
+    gate at 64 hosts). Each of ``wanted``: unit, supervisor (whose facts list its processes), path and
+    the record; unit -> {"pids": [...]} as written, or {"error": why}."""
+    out: dict[str, Any] = {}
+    for w in wanted:
+        name = str(w["unit"])
+        facts = (process_units if w.get("supervisor") == "process" else units).get(name) or {}
+        pids = [{"pid": p["pid"], "start_ticks": p["start_ticks"]} for p in facts.get("procs") or []]
+        path = str(w["path"])
+        folder, base = os.path.split(path)
+        tmp = os.path.join(folder, f".{base}.gpudeploy-tmp")
+        try:
+            os.makedirs(folder, exist_ok=True)
+            with open(tmp, "w") as f:
+                json.dump({**w["record"], "pids": pids}, f, indent=1)
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, path)  # atomic: a reader sees the old record or the new one
+            out[name] = {"pids": pids}
+        except OSError as exc:
+            out[name] = {"error": f"{path}: {exc.strerror or exc}"}
+    return out
 
 
 def _boot_time() -> float:

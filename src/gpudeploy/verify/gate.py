@@ -70,6 +70,18 @@ class GateResult:
     died_at: float | None = None
 
 
+class _Stop(threading.Event):
+    """A gate's stop: setting it (a death, a fatal line, Ctrl-C, its group) also wakes the health poll."""
+
+    def __init__(self, wake: threading.Event) -> None:
+        super().__init__()
+        self.wake = wake
+
+    def set(self) -> None:
+        super().set()
+        self.wake.set()
+
+
 class _Watch:
     """One run's view of its log and state; a Sink of the supervisor's watch."""
 
@@ -79,7 +91,10 @@ class _Watch:
         self.on_phase = on_phase
         self.links = links
         self.t0 = time.monotonic()
-        self.stop = threading.Event()
+        # wakes the health poll's sleep: a new phase in the log (above all "ready") is when /health may
+        # have turned 200, so ask now, not at the backoff's next step (up to the role's interval later)
+        self.wake = threading.Event()
+        self.stop = _Stop(self.wake)
         self.lines: list[str] = []
         self.phase = "starting"
         self.fatal_at: float | None = None
@@ -106,6 +121,7 @@ class _Watch:
             if PHASE_ORDER.index(phase) <= PHASE_ORDER.index(self.phase):
                 return
             self.phase = phase
+        self.wake.set()
         self.moved()
         self.on_phase(self.unit, phase, time.monotonic() - self.t0, "", None)
 
@@ -356,7 +372,9 @@ def _poll_health(unit: Unit, watch: _Watch, timeout: float, via: Transport) -> f
 
 
 def _sleep(watch: _Watch, seconds: float) -> None:
-    watch.stop.wait(seconds)  # returns early when a watcher saw the server die, or on Ctrl-C
+    # returns early when a watcher saw the server die, on Ctrl-C, or when the log shows a new phase
+    watch.wake.wait(seconds)
+    watch.wake.clear()
 
 
 class _stopped(tenacity.stop.stop_base):
