@@ -232,3 +232,17 @@ def real_env(home: Path, extra: Iterable[tuple[str, str]] = ()) -> dict[str, str
     env = {"PATH": "/usr/bin:/bin", "HOME": str(home), "LANG": "C.UTF-8", "HF_HUB_OFFLINE": "1"}
     env.update(dict(extra))
     return env
+
+
+def block_mooncake(folder: Path) -> None:
+    """Make ``folder`` a PYTHONPATH entry whose sitecustomize makes ``import mooncake`` fail as it
+    does where the package is not installed (ModuleNotFoundError), in every process of the server."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "sitecustomize.py").write_text(
+        "import importlib.abc, sys\n"
+        "class _NoMooncake(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'mooncake' or name.startswith('mooncake.'):\n"
+        "            raise ModuleNotFoundError(f\"No module named '{name}'\", name=name)\n"
+        "        return None\n"
+        "sys.meta_path.insert(0, _NoMooncake())\n")

@@ -190,15 +190,7 @@ def missing_module(c: Case) -> None:
     """A PD prefill whose python has no mooncake: a sitecustomize on PYTHONPATH makes `import mooncake`
     fail as it does where the package is not installed (ModuleNotFoundError), in every process."""
     block = HOME / "no-mooncake"
-    block.mkdir(parents=True, exist_ok=True)
-    (block / "sitecustomize.py").write_text(
-        "import importlib.abc, sys\n"
-        "class _NoMooncake(importlib.abc.MetaPathFinder):\n"
-        "    def find_spec(self, name, path=None, target=None):\n"
-        "        if name == 'mooncake' or name.startswith('mooncake.'):\n"
-        "            raise ModuleNotFoundError(f\"No module named '{name}'\", name=name)\n"
-        "        return None\n"
-        "sys.meta_path.insert(0, _NoMooncake())\n")
+    real_sglang.block_mooncake(block)
     env = real_env(HOME, [("PYTHONPATH", str(block)), ("SGLANG_HOST_IP", "127.0.0.1"),
                           ("SGLANG_DISAGGREGATION_ALL_CP_RANKS_TRANSFER", "1"),
                           ("SGLANG_DISAGG_PREFILL_EARLY_SEND_CACHED_PREFIX", "0")])

@@ -318,15 +318,7 @@ def test_a_pd_server_without_mooncake_fails_the_same_way(pair: Pair) -> None:
     """The real one's Python cannot import mooncake (a sitecustomize makes `import mooncake` fail as where
     it is not installed); the stand-in's fault missing-module."""
     block = pair.tmp / "no-mooncake"
-    block.mkdir(exist_ok=True)
-    (block / "sitecustomize.py").write_text(
-        "import importlib.abc, sys\n"
-        "class _NoMooncake(importlib.abc.MetaPathFinder):\n"
-        "    def find_spec(self, name, path=None, target=None):\n"
-        "        if name == 'mooncake' or name.startswith('mooncake.'):\n"
-        "            raise ModuleNotFoundError(f\"No module named '{name}'\", name=name)\n"
-        "        return None\n"
-        "sys.meta_path.insert(0, _NoMooncake())\n")
+    real_sglang.block_mooncake(block)
     env = {"SGLANG_HOST_IP": "127.0.0.1", "SGLANG_DISAGGREGATION_ALL_CP_RANKS_TRANSFER": "1",
            "SGLANG_DISAGG_PREFILL_EARLY_SEND_CACHED_PREFIX": "0"}
     args = pair.args(free_port(), "--disaggregation-mode", "prefill", "--disaggregation-transfer-backend",
