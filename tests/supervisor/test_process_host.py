@@ -30,6 +30,10 @@ def test_states_use_the_words_systemd_would() -> None:
     stopped = unit_state("u", {"spec": spec, "run": RUN, "alive": False,
                                "exit": {"code": "killed", "status": "TERM", "stopped": True}})
     assert (stopped.state, stopped.failed) == ("inactive", False)
+    # a server that ignored the stop's SIGTERM until its stop timeout ran out: systemd's Result=timeout
+    outwaited = unit_state("u", {"spec": spec, "run": RUN, "alive": False,
+                                 "exit": {"code": "killed", "status": "KILL", "stopped": True}})
+    assert (outwaited.state, outwaited.failed) == ("failed", True)
     crashed = unit_state("u", {"spec": spec, "run": RUN, "alive": False, "exit": {"code": "exited", "status": "1"}})
     assert (crashed.state, crashed.failed, crashed.exit_words) == ("failed", True, "code=exited, status=1")
     # The monitor itself was killed (or the host rebooted): no exit was written, the server is gone.

@@ -46,7 +46,11 @@ def unit_state(name: str, uf: Mapping[str, Any]) -> UnitState:
     elif exit_info is None and run:
         state, detail = "failed", "gone"  # no monitor wrote an exit: it was killed too (or a reboot)
     elif exit_info is not None:
-        ok = exit_info.get("stopped") or (exit_info.get("code") == "exited" and exit_info.get("status") == "0")
+        # as systemd: a stop that had to SIGKILL the server (its stop timeout ran out) leaves the unit
+        # failed (Result=timeout), a stop it obeyed leaves it inactive
+        killed = exit_info.get("code") == "killed" and exit_info.get("status") == "KILL"
+        ok = (exit_info.get("stopped") and not killed) or (exit_info.get("code") == "exited"
+                                                           and exit_info.get("status") == "0")
         state, detail = ("inactive", "dead") if ok else ("failed", "failed")
     else:
         state, detail = "inactive", "dead"
