@@ -97,7 +97,10 @@ def test_status_watch_shows_a_killed_engines_cause_at_once(deployments: Deployme
         state = dict(line.split("=", 1) for line in shown_props.split())  # systemd picks the order
         assert state == {"ActiveState": "failed", "NRestarts": "0"}, state
         proc.send_signal(signal.SIGINT)
-        rest, err = proc.communicate(timeout=30)
+        # the reader thread has stdout; what the watch says last comes through it
+        _next(lines, "stopped watching", 30, seen)
+        _, err = proc.communicate(timeout=30)
+        rest = "\n".join(seen)
     finally:
         if proc.poll() is None:
             proc.kill()
