@@ -6,7 +6,7 @@ import contextlib
 import os
 import subprocess
 import sys
-import time
+import threading
 from pathlib import Path
 
 from gpudeploy.apply.hostscripts import kill_exact_argv
@@ -104,19 +104,28 @@ def test_a_holder_without_heartbeat_lets_go(tmp_path: Path) -> None:
 def test_a_heartbeat_keeps_the_lock(tmp_path: Path) -> None:
     lock = tmp_path / "host.lock"
     holder = _holder(lock, 5, 0.5)
+    assert holder.stdin is not None
+    stdin = holder.stdin
+    done = threading.Event()
+
+    def beat() -> None:  # a beat every 0.1 s until the waiter has answered (its start may be slow)
+        while not done.wait(0.1):
+            stdin.write(".")
+            stdin.flush()
+
+    beats = threading.Thread(target=beat, daemon=True)
     try:
         assert _first_line(holder) == "locked"
-        assert holder.stdin is not None
-        deadline = time.monotonic() + 1.5  # three heartbeat timeouts, with a beat every 0.1 s
-        while time.monotonic() < deadline:
-            holder.stdin.write(".")
-            holder.stdin.flush()
-            time.sleep(0.1)
+        beats.start()
+        done.wait(1.5)  # three heartbeat timeouts of beats (the poll's pause; nothing is awaited)
         assert holder.poll() is None
         waiter = _holder(lock, 0.3, 30)
         assert _first_line(waiter).startswith("busy") and _first_line(waiter) == "timeout"
         waiter.wait(timeout=5)
     finally:
+        done.set()
+        if beats.is_alive():
+            beats.join(5)
         holder.kill()
         holder.wait()
     assert os.path.exists(lock)
