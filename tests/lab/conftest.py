@@ -117,3 +117,14 @@ def deployments(lab: Lab, tmp_path: Path) -> Iterator[Deployments]:
     d = Deployments(lab, tmp_path)
     yield d
     d.cleanup()
+
+
+def no_systemd_host(lab: Lab, name: str) -> Iterator[str]:
+    """A module fixture's body: host ``name`` booted without systemd (the process supervisor's
+    host), taken down after the module."""
+    labctl.up(0, no_systemd=[name])
+    lab.refresh()
+    assert lab.ssh(name, "test -d /run/systemd/system").returncode != 0, f"{name} must have no systemd"
+    yield name
+    labctl.down([name])
+    lab.refresh()

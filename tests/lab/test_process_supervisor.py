@@ -15,11 +15,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from conftest import Lab
+from conftest import Lab, no_systemd_host
 from deploytools import Deployments, gd, standin_role, status_json, wait_for
 from test_deploy import FAULTS
 
-import gpudeploy_lab as labctl
 from gpudeploy.plan import unit_name
 
 pytestmark = pytest.mark.lab
@@ -29,12 +28,7 @@ HOST = "lab9"
 
 @pytest.fixture(scope="module", autouse=True)
 def bare_host(lab: Lab) -> Iterator[str]:
-    labctl.up(0, no_systemd=[HOST])
-    lab.refresh()
-    assert lab.ssh(HOST, "test -d /run/systemd/system").returncode != 0, "lab9 must have no systemd"
-    yield HOST
-    labctl.down([HOST])
-    lab.refresh()
+    yield from no_systemd_host(lab, HOST)
 
 
 def inventory(deployments: Deployments, name: str, roles: dict[str, dict[str, Any]], **kw: Any) -> Any:

@@ -7,11 +7,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from conftest import Lab
+from conftest import Lab, no_systemd_host
 from deploytools import Deployments, gd, status_json, wait_for
 from test_sglang import real_role
-
-import gpudeploy_lab as labctl
 
 pytestmark = [pytest.mark.lab, pytest.mark.sglang]
 
@@ -20,12 +18,7 @@ HOST = "lab9"
 
 @pytest.fixture(scope="module")
 def bare_host(lab: Lab) -> Iterator[str]:
-    labctl.up(0, no_systemd=[HOST])
-    lab.refresh()
-    assert lab.ssh(HOST, "test -d /run/systemd/system").returncode != 0, "lab9 must have no systemd"
-    yield HOST
-    labctl.down([HOST])
-    lab.refresh()
+    yield from no_systemd_host(lab, HOST)
 
 
 def _alive(lab: Lab, pids: list[int]) -> list[int]:
