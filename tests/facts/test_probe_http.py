@@ -110,3 +110,43 @@ def test_the_probe_reads_its_other_facts_while_the_servers_answer(monkeypatch: p
     took = time.monotonic() - t0
     assert out["http"] == {"u": {"status": 200, "json": None}}
     assert took < slow_health + slow_facts - 0.2  # overlapped (was their sum)
+
+
+class _Older(_Handler):
+    """A server without the first URL of a chain (404), one that keeps it behind a key (401), and
+    one whose first URL hangs."""
+
+    def do_GET(self) -> None:
+        if self.path == "/no-route":
+            self.send_response(404)
+        elif self.path == "/keyed":
+            self.send_response(401)
+        elif self.path == "/slow":
+            threading.Event().wait(3)  # longer than the probe's timeout below
+            self.send_response(200)
+        else:
+            super().do_GET()
+            return
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+
+def test_a_chain_asks_the_next_url_only_where_the_first_has_no_such_route() -> None:
+    """status's fast health (/server_info, verify/liveness.py) falls back to the role's /health on an
+    older SGLang (404) or one with --api-key (401); a server that does not answer is down, not asked
+    again (a hung scheduler answers /health no better)."""
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Older)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{srv.server_address[1]}"
+    try:
+        got = remote_probe.http_get({"old": [f"{base}/no-route", f"{base}/health"],
+                                     "key": [f"{base}/keyed", f"{base}/health"],
+                                     "hung": [f"{base}/slow", f"{base}/health"],
+                                     "sick": [f"{base}/other", f"{base}/health"]}, timeout=1)
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert got["old"] == {"status": 200, "json": None, "url": f"{base}/health"}
+    assert got["key"] == {"status": 200, "json": None, "url": f"{base}/health"}
+    assert got["hung"] == {"status": None, "url": f"{base}/slow"}
+    assert got["sick"]["status"] == 503 and got["sick"]["url"] == f"{base}/other"  # a real answer counts

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import socket
@@ -151,6 +152,24 @@ def ready_engine(lab: Lab) -> tuple[Lab, int]:
     p, port = lab.engine("--tp-size", "2")
     p.wait_line("ready to roll")
     return lab, port
+
+
+def test_a_stopped_scheduler_answers_neither_server_info_nor_health(ready_engine: tuple[Lab, int]) -> None:
+    """As the real 0.5.23 (checked in test_real_vs_standin.py): /server_info and /health both wait on
+    every scheduler, so status's fast health (verify/liveness.py) sees a hung one as down."""
+    lab, port = ready_engine
+    [proc] = lab.started
+    ranks = [c for c in children_of(proc.popen.pid)
+             if Path(f"/proc/{c}/comm").read_text().startswith("sglang::schedul")]
+    assert len(ranks) == 2 and http_get(port, "/server_info")[0] == 200  # type: ignore[index]
+    os.kill(ranks[1], signal.SIGSTOP)
+    try:
+        with pytest.raises(TimeoutError):
+            http_get(port, "/server_info", timeout=1.0)
+    finally:
+        os.kill(ranks[1], signal.SIGCONT)
+    assert http_get(port, "/server_info", timeout=30.0)[0] == 200  # type: ignore[index]
+    assert http_get(port, "/health", timeout=30.0) == (200, b"")
 
 
 def test_generate_is_deterministic_and_streams(ready_engine: tuple[Lab, int]) -> None:

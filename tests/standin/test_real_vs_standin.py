@@ -28,6 +28,7 @@ import time
 from collections.abc import Iterator
 from contextlib import closing
 from pathlib import Path
+from typing import Any
 
 import pytest
 import real_sglang
@@ -213,6 +214,37 @@ def test_health_takes_a_generation_and_the_load_endpoints_are_the_same(
     # What only the real one does, idle: its scheduler polls without --sleep-on-idle (printed, not compared)
     shares = [cpu_share(srv.child_named("sglang::schedul")) for srv in (real, standin)]
     print(f"idle scheduler: real {shares[0]:.0%} of a core, stand-in {shares[1]:.0%}")
+
+
+def server_info(port: int, timeout: float) -> tuple[int, Any] | None:
+    """/server_info's (status, JSON), None when no answer comes within ``timeout``."""
+    try:
+        got = http_get(port, "/server_info", timeout=timeout)
+    except TimeoutError:
+        return None
+    return (got[0], json.loads(got[1]) if got[0] == 200 else None) if got else None
+
+
+def test_server_info_asks_every_scheduler_and_a_stopped_one_never_answers(
+        ready_pair: tuple[Server, Server, dict[str, float]]) -> None:
+    """What status asks instead of /health (verify/liveness.py): /server_info answers with each
+    scheduler's internal state, without /health's second, and not while a scheduler is stopped."""
+    real, standin, seen = ready_pair
+    took = []
+    for srv, port in ((real, int(seen["port"])), (standin, int(seen["standin_port"]))):
+        t0 = time.monotonic()
+        got = server_info(port, timeout=10.0)
+        took.append(time.monotonic() - t0)
+        assert got is not None and got[0] == 200
+        assert len(got[1]["internal_states"]) == 1  # one DP rank, one scheduler's answer
+        sched = srv.child_named("sglang::schedul")
+        os.kill(sched, signal.SIGSTOP)
+        try:
+            assert server_info(port, timeout=3.0) is None, "answered while its scheduler was stopped"
+        finally:
+            os.kill(sched, signal.SIGCONT)
+        assert (server_info(port, timeout=30.0) or (None,))[0] == 200  # and again once it runs
+    print(f"/server_info once ready: real {took[0]:.3f} s, stand-in {took[1]:.3f} s")
 
 
 def test_a_killed_scheduler_after_ready_dies_the_same_way(

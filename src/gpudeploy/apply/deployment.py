@@ -31,7 +31,7 @@ from ..supervisor.process import PROCESS
 from ..supervisor.systemd import SYSTEMD
 from ..verify.gate import request_timeout
 from ..verify.group import GroupLinks, rank_words, root_cause
-from ..verify.http import local_url
+from ..verify.liveness import live_urls
 from ..verify.smoke import SmokeResult, smoke_test
 from . import check, preflight, rolling, rollout
 from .deploy import Options, UnitOutcome, calibrate, desired_files, file_hashes, secrets_for, start_and_gate
@@ -182,11 +182,11 @@ def _why_skipped(result: DeployResult, u: Unit) -> str:
 
 def probe_spec(host: Host, mine: list[Unit], units: list[Unit]) -> dict[str, Any]:
     """What deploy's one probe of ``host`` reads: its units' states and files, ports, GPUs, the ports
-    it must reach, its engines' releases, and each unit's /health (asked on the host, all at once, as
-    status asks it: the answer counts only for a unit that is active)."""
+    it must reach, its engines' releases, and each unit's health (asked on the host, all at once, as
+    status asks it, verify/liveness.py: the answer counts only for a unit that is active)."""
     # Both supervisors' unit files are hashed: which one the host uses is known only then.
     candidates = [p for u in mine for p in (SYSTEMD.unit_path(u.name), PROCESS.unit_path(u.name), u.env_path)]
-    health = {u.name: local_url(u.health_url, host) for u in mine if u.health_url}
+    health = {u.name: live_urls(u, host) for u in mine if u.health_url}
     return {"units": [u.name for u in mine], "ports": True, "gpus": True, "files": candidates,
             "reach": [t for u in mine for t in reach_targets(u, units)],
             "versions": preflight.versions_spec(host, mine), "http": health,

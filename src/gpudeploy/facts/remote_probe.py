@@ -6,7 +6,8 @@ unit's cgroup and exact PIDs. Input: one JSON argument. Output: one JSON documen
     {"units": ["gpudeploy-x.y.service"], "files": ["/etc/..."], "journal_lines": 60,
      "deployments": ["x"],   # also report every unit whose file says X-Gpudeploy-Deployment=x
      "reach": [{"address", "port", ...}],   # can this host open a TCP connection there?
-     "http": {"name": "http://..."}}         # GETs made on the host itself
+     "http": {"name": "http://..." | ["http://...", ...]}}   # GETs made on the host itself; of a
+                                             # list, the next is asked when one has no such route
 
 A deployment's units are the ones whose own file names that deployment, compared exactly: a name
 pattern would also match other deployments (``gpudeploy-pd*`` is ``pd-test``'s too).
@@ -402,7 +403,7 @@ def http_status_body(url: str, timeout: float) -> tuple[int, bytes]:
     return int(parts[1]), body[:MAX_BODY]
 
 
-def http_get(urls: dict[str, str], timeout: float = 2.0) -> dict[str, Any]:
+def http_get(urls: dict[str, Any], timeout: float = 2.0) -> dict[str, Any]:
     """name -> {"status", "json"?} of a GET made on this host (no proxy), "status": None if down.
 
     All at once (a thread each): SGLang's /health takes over a second by itself."""
@@ -410,24 +411,37 @@ def http_get(urls: dict[str, str], timeout: float = 2.0) -> dict[str, Any]:
     return answers
 
 
-def http_start(urls: dict[str, str], timeout: float = 2.0) -> Any:
+NO_SUCH_ROUTE = (401, 403, 404, 405)
+
+
+def http_start(urls: dict[str, Any], timeout: float = 2.0) -> Any:
     """``http_get``, begun now: returns the function that waits for its answers. The probe starts its
     GETs first and reads every other fact meanwhile (SGLang's /health answers after 1 s at the earliest)."""
     import threading
 
     out: dict[str, Any] = {}
 
-    def get(name: str, url: str) -> None:
-        try:
-            status, body = http_status_body(url, timeout)
-        except Exception:  # refused, reset, timeout, not HTTP: down, for status
-            out[name] = {"status": None}
+    def get(name: str, urls: str | list[str]) -> None:
+        chain = [urls] if isinstance(urls, str) else list(urls)
+        said: dict[str, Any] = {} if isinstance(urls, str) else {"url": ""}  # of a chain: which one answered
+        end = time.monotonic() + timeout
+        for i, url in enumerate(chain):
+            said = {"url": url} if said else said
+            try:
+                status, body = http_status_body(url, max(0.01, end - time.monotonic()))
+            except Exception:  # refused, reset, timeout, not HTTP: down, for status
+                out[name] = {"status": None, **said}
+                return
+            # A route this server does not have (an older release) or will not show without its key
+            # (--api-key): the next URL of the chain, the role's own health path, says instead.
+            if status in NO_SUCH_ROUTE and i + 1 < len(chain):
+                continue
+            try:
+                parsed = json.loads(body) if body else None
+            except ValueError:
+                parsed = None
+            out[name] = {"status": status, "json": parsed, **said}
             return
-        try:
-            parsed = json.loads(body) if body else None
-        except ValueError:
-            parsed = None
-        out[name] = {"status": status, "json": parsed}
 
     threads = [threading.Thread(target=get, args=item, daemon=True) for item in urls.items()]
     for t in threads:

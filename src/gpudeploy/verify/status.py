@@ -16,6 +16,7 @@ from ..supervisor import for_host
 from ..supervisor.base import UnitState
 from .causes import classify, log_format
 from .http import local_url, status_of
+from .liveness import live_urls
 
 
 @dataclass
@@ -108,17 +109,19 @@ def _group_views(found: list[UnitStatus], units: tuple[Unit, ...], results: dict
                 s.healthy = False
 
 
-# SGLang's /health generates a token and answers after 1 s at the earliest (verify/gate.py); status
-# gives each server this long (all at once) before calling it down.
+# How long status gives each server (all at once) before calling it down. SGLang's is asked its
+# /server_info, which answers in milliseconds (verify/liveness.py); a release without it, its
+# /health, which generates a token and answers after 1 s at the earliest (verify/gate.py).
 STATUS_HTTP_S = 5.0
 
 
 def probe_spec(host: Host, units: list[Unit], deployment_names: list[str], *, light: bool = False) -> dict[str, Any]:
-    """What the host probe is asked for status: every unit's state, the health of each and each
-    router's /workers, read on the host itself (one round trip, and the servers' ports need not be
-    open to the operator's machine); a failed run's last lines and the GPUs' processes unless
-    ``light`` (status --watch's periodic poll: its runs' lines come from their stream)."""
-    http = {u.name: local_url(u.health_url, host) for u in units if u.health_url}
+    """What the host probe is asked for status: every unit's state, the health of each (asked fast:
+    verify/liveness.py) and each router's /workers, read on the host itself (one round trip, and
+    the servers' ports need not be open to the operator's machine); a failed run's last lines and
+    the GPUs' processes unless ``light`` (status --watch's periodic poll: its runs' lines come from
+    their stream)."""
+    http: dict[str, str | list[str]] = {u.name: live_urls(u, host) for u in units if u.health_url}
     http.update({f"{u.name}#workers": local_url(f"http://{u.host.address}:{u.ports['http']}/workers", host)
                  for u in units if u.role.engine == "sglang_router" and "http" in u.ports})
     journal_lines = 1 if light else max([log_format(u.role.log_format).journal_lines for u in units] + [60])

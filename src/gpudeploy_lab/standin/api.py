@@ -163,6 +163,35 @@ class EngineState:
     lock: threading.Lock = field(default_factory=threading.Lock)
     fault: str = ""  # SGLANG_STANDIN_FAULT; the handlers act on "generate-500"
     tp: int = 1
+    scheduler_pids: list[int] = field(default_factory=list)  # this node's ranks (the workers)
+
+
+# How long 0.5.23's health_generate waits for a scheduler's answer before its 503
+# (SGLANG_HEALTH_CHECK_TIMEOUT, http_server.py), and how long the stand-in lets a /server_info wait
+# for one (the real one has no deadline: get_internal_state waits on its communicator).
+HEALTH_CHECK_TIMEOUT_S = float(os.environ.get("SGLANG_HEALTH_CHECK_TIMEOUT", "20"))
+SERVER_INFO_WAIT_S = 600.0
+
+
+def _stopped(pid: int) -> bool:
+    """A scheduler that cannot answer now: stopped (SIGSTOP, a debugger), as /proc/PID/stat says."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[-1].split()[0] in ("T", "t")
+    except OSError:
+        return False  # gone: the launcher's watchdog says that, not the request
+
+
+def schedulers_answer(state: EngineState, within_s: float) -> bool:
+    """Whether every scheduler answers a request within ``within_s``: the real server's /health and
+    /server_info both wait on each scheduler's event loop (0.5.23 http_server.py health_generate,
+    server_info -> tokenizer_manager.get_internal_state), so a stopped one answers neither."""
+    deadline = time.monotonic() + within_s
+    while any(_stopped(pid) for pid in state.scheduler_pids):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 SECRET_KEYS = ("model_path", "tokenizer_path")  # reported, the real router downloads a tokenizer
@@ -206,6 +235,8 @@ def make_engine_handler(state: EngineState) -> type[BaseHandler]:
                     not in ("0", "false", "no", "off")
                 if ok and (generation or path == "/health_generate"):
                     time.sleep(1.0)
+                    # its first look after that second; no answer from a scheduler until the timeout: 503
+                    ok = schedulers_answer(state, max(0.0, HEALTH_CHECK_TIMEOUT_S - 1.0))
                 self.send_bytes(200 if ok else 503, b"", "text/plain")
             elif path == "/v1/models":
                 self.send_json(200, {"object": "list", "data": [{
@@ -219,6 +250,9 @@ def make_engine_handler(state: EngineState) -> type[BaseHandler]:
                     "has_audio_understanding": False, "model_type": state.model_type,
                     "architectures": state.architectures})
             elif path in ("/server_info", "/get_server_info"):
+                if not schedulers_answer(state, SERVER_INFO_WAIT_S):
+                    self.close_connection = True  # the real one would still be waiting
+                    return
                 info = {k: v for k, v in state.server_args.items() if k not in SECRET_KEYS}
                 info.update({
                     "version": state.version, "status": state.phase,

@@ -620,6 +620,7 @@ class Engine:
             proc.stdin.write(json.dumps(script).encode() + b"\n")
             proc.stdin.flush()
             self.ranks.append(Rank(rank, proc, r_fd, self.events))
+            self.state.scheduler_pids.append(proc.pid)
 
     def kill_workers(self, sig: int = signal.SIGKILL, grace: float = 0.0) -> None:
         for r in self.ranks:
