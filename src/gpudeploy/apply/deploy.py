@@ -16,8 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import interrupt
-from ..errors import GpudeployError, InputError, Problem, RemoteError
-from ..facts.probe import probe
+from ..errors import GpudeployError, InputError, Problem
 from ..fanout import Cancel, progress, progress_done, say
 from ..model import Plan, Unit
 from ..plan.build import render_env
@@ -29,6 +28,7 @@ from ..supervisor.base import Run, Supervisor, UnitState
 from ..verify.causes import Cause, FlagName
 from ..verify.gate import GateResult, gate_runs
 from ..verify.group import GroupLinks
+from .ready_record import write_ready
 
 RUNS_DIR = "/var/lib/gpudeploy/runs"
 STOP_MARGIN_S = 30.0  # what a stop may take beyond the unit's own stop timeout
@@ -197,14 +197,10 @@ def _after_gate(remote: Transport, supervisor: Supervisor, u: Unit, run: Run, ga
     if cause is not None and cause.kind == "interrupted":
         return UnitOutcome(u, "interrupted", False, run.main_pid, gate, message="left running (still starting)")
     if gate.ok:
-        # One round trip: the probe finds the unit's processes and writes the record with them.
+        # One round trip: the unit's processes found and the record written with them.
         record = {**_record_head(u), "state": "ready", **base, "files": file_hashes(files[u.name])}
-        facts = probe(remote, {"units": [u.name], "records": [
-            {"unit": u.name, "supervisor": supervisor.name, "path": f"{RUNS_DIR}/{u.name}.json", "record": record}]})
-        written = (facts.get("recorded") or {}).get(u.name) or {"error": "the host probe wrote no record"}
-        if "error" in written:
-            raise RemoteError(remote.host.name, f"the run record of {u.name} could not be written: {written['error']}")
-        return UnitOutcome(u, action, True, run.main_pid, gate, pids=[p["pid"] for p in written["pids"]])
+        pids = write_ready(remote, supervisor, u, f"{RUNS_DIR}/{u.name}.json", record)
+        return UnitOutcome(u, action, True, run.main_pid, gate, pids=[p["pid"] for p in pids])
     stopped = ""
     if gate.died_at is None and not opts.keep_on_failure:
         # A server that hangs, or printed a fatal line but lingers, still holds its GPUs:
