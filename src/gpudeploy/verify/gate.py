@@ -43,6 +43,18 @@ def health_wait(interval_s: float) -> tenacity.wait.wait_base:
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 JOURNAL_CATCH_UP_S = 0.3  # after a death, how long the stream may lag behind the unit's state
 FATAL_GRACE_S = 0.4  # after a fatal line, collect the lines that explain it (e.g. "Possible solutions")
+# A fatal line that opens a Python traceback ("Scheduler hit an exception: Traceback ...") is
+# explained by the traceback's last line ("RuntimeError: Not enough GPU memory for hybrid ..."): the
+# grace lasts until that line came, at most this long. The server writes it in one write(2), but
+# journald stores it one entry per line, and on a loaded machine a follower can read the first line
+# well before the rest (the loaded suite: the gate ended 0.4 s after the first line, with no more,
+# and named a generic exception instead of the mamba state that did not fit).
+FATAL_TRACEBACK_S = 5.0
+TRACEBACK_HEAD = "Traceback (most recent call last):"
+LOG_RECORD = re.compile(r"\[\d{4}-\d\d-\d\d ")  # SGLang's record head: another process's line, mid-traceback
+# Lines between the tracebacks of a chained exception: the traceback goes on after them.
+TRACEBACK_CHAIN = ("The above exception was the direct cause of the following exception:",
+                   "During handling of the above exception, another exception occurred:")
 # A rank stopped because another rank of its group failed may be dying of its own cause at the same
 # moment: when rank 1 runs out of memory, rank 0 sees its link close and its death can reach us
 # first. Listen this long for this rank's own death before calling it a consequence.
@@ -98,6 +110,7 @@ class _Watch:
         self.lines: list[str] = []
         self.phase = "starting"
         self.fatal_at: float | None = None
+        self.traceback_open = False  # a traceback's head came and its last line not yet
         self.exit_words: str | None = None  # the supervisor's words about the main process exit
         self.lost_reason: str | None = None  # the connection broke while we watched
         self.log_saw_exit = threading.Event()  # the log stream delivered the exit message
@@ -138,11 +151,27 @@ class _Watch:
         step = progress_of(text)
         if step is not None:
             self.on_phase(self.unit, self.phase, time.monotonic() - self.t0, step[0], step[1])
+        if TRACEBACK_HEAD in text:
+            self.traceback_open = True
+        elif (self.traceback_open and text.strip() and not text[0].isspace()
+              and text.strip() not in TRACEBACK_CHAIN and not LOG_RECORD.match(text)):
+            self.traceback_open = False  # "SomeError: why", the traceback's last line (not another rank's record)
         if fatal_rule(text, self.fmt) and self.fatal_at is None:
             self.fatal_at = time.monotonic()
-            timer = threading.Timer(FATAL_GRACE_S, self.stop.set)
-            timer.daemon = True  # never keeps the process alive after deploy has answered
-            timer.start()
+            self._after(FATAL_GRACE_S)
+
+    def _after(self, seconds: float) -> None:
+        timer = threading.Timer(seconds, self._grace_over)
+        timer.daemon = True  # never keeps the process alive after deploy has answered
+        timer.start()
+
+    def _grace_over(self) -> None:
+        """The fatal line's grace is over: stop, unless the traceback it began is still coming."""
+        assert self.fatal_at is not None
+        if self.traceback_open and time.monotonic() - self.fatal_at < FATAL_TRACEBACK_S and not self.stop.is_set():
+            self._after(0.05)
+            return
+        self.stop.set()
 
     def exited(self, words: str, *, from_log: bool) -> None:
         with self.lock:
@@ -217,10 +246,12 @@ def _gate_one(remote: Transport, supervisor: Supervisor, watch: _Watch, flag_nam
     watch.stop.set()
     if ready_at is None:
         _hear_own_death(watch, cancel)
-    # Without a fatal line yet, the last lines decide the cause: let the stream catch up.
-    if (ready_at is None and watch.died_at is not None and watch.fatal_at is None
-            and not watch.log_saw_exit.wait(JOURNAL_CATCH_UP_S)):
-        # The state poll saw the death first and the stream lags: read this run's lines directly.
+    # Without a fatal line yet, or with its traceback not yet ended, the lines that explain the end
+    # may still be coming: after a death the state poll saw first, let the stream catch up.
+    unexplained = ready_at is None and (watch.fatal_at is None or watch.traceback_open)
+    if unexplained and ((watch.died_at is not None and not watch.log_saw_exit.wait(JOURNAL_CATCH_UP_S))
+                        or (watch.died_at is None and watch.traceback_open)):
+        # The stream lags (or a traceback never ended in it): read this run's lines directly.
         try:
             lines = supervisor.run_lines(remote, watch.run)
         except GpudeployError:
