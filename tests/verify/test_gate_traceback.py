@@ -18,7 +18,8 @@ from gpudeploy.verify import gate
 
 REPO = Path(__file__).resolve().parents[2]
 HEAD = "[2026-12-02 04:06:20 TP0] Scheduler hit an exception: Traceback (most recent call last):"
-REST = ['  File "/venv/lib/python3.11/site-packages/sglang/srt/managers/scheduler.py", line 3052, in run_scheduler_process',
+SITE = "/venv/lib/python3.11/site-packages/sglang/srt"
+REST = [f'  File "{SITE}/managers/scheduler.py", line 3052, in run_scheduler_process',
         "    scheduler = Scheduler(server_args, port_args)",
         "[2026-12-02 04:06:20 TP1] KV Cache is allocated. dtype: torch.float16, #tokens: 1209192",  # another rank's
         "RuntimeError: Not enough GPU memory for hybrid (mamba/linear-attention) state cache. Lower "

@@ -27,7 +27,7 @@ from ..model import Unit
 from ..progress import progress_of
 from ..remote.base import Transport
 from ..supervisor.base import Run, Supervisor
-from .causes import Cause, FlagName, classify, fatal_rule, log_format, phase_of
+from .causes import Cause, FlagName, LogFormat, classify, fatal_rule, log_format, phase_of
 from .group import GroupLinks, rank_words
 from .http import status_of
 from .stacks import python_stacks
@@ -153,9 +153,8 @@ class _Watch:
             self.on_phase(self.unit, self.phase, time.monotonic() - self.t0, step[0], step[1])
         if TRACEBACK_HEAD in text:
             self.traceback_open = True
-        elif (self.traceback_open and text.strip() and not text[0].isspace()
-              and text.strip() not in TRACEBACK_CHAIN and not LOG_RECORD.match(text)):
-            self.traceback_open = False  # "SomeError: why", the traceback's last line (not another rank's record)
+        elif self.traceback_open and _ends_traceback(text):
+            self.traceback_open = False
         if fatal_rule(text, self.fmt) and self.fatal_at is None:
             self.fatal_at = time.monotonic()
             self._after(FATAL_GRACE_S)
@@ -247,17 +246,17 @@ def _gate_one(remote: Transport, supervisor: Supervisor, watch: _Watch, flag_nam
     if ready_at is None:
         _hear_own_death(watch, cancel)
     # Without a fatal line yet, or with its traceback not yet ended, the lines that explain the end
-    # may still be coming: after a death the state poll saw first, let the stream catch up.
-    unexplained = ready_at is None and (watch.fatal_at is None or watch.traceback_open)
-    if unexplained and ((watch.died_at is not None and not watch.log_saw_exit.wait(JOURNAL_CATCH_UP_S))
-                        or (watch.died_at is None and watch.traceback_open)):
-        # The stream lags (or a traceback never ended in it): read this run's lines directly.
-        try:
-            lines = supervisor.run_lines(remote, watch.run)
-        except GpudeployError:
-            lines = []
-        if len(lines) > len(watch.lines):
-            watch.lines[:] = lines
+    # may still be coming. After a death the state poll saw first, read them at once: journald has
+    # them, but tells its followers of new entries up to 250 ms late (it coalesces its change
+    # notifications: POST_CHANGE_TIMER_INTERVAL_USEC). If they do not explain it yet either (a
+    # loaded journald may not have read the server's last output), let the stream catch up first.
+    if ready_at is None and (watch.fatal_at is None or watch.traceback_open):
+        if watch.died_at is not None and not watch.log_saw_exit.is_set():
+            _read_lines(remote, supervisor, watch)
+            if not _explained(watch.lines, watch.fmt) and not watch.log_saw_exit.wait(JOURNAL_CATCH_UP_S):
+                _read_lines(remote, supervisor, watch)
+        elif watch.died_at is None and watch.traceback_open:  # a traceback that never ended in the stream
+            _read_lines(remote, supervisor, watch)
     watch.closed = True
     elapsed = time.monotonic() - watch.t0
     if ready_at is not None:
@@ -319,6 +318,35 @@ def _watch_for_stall(remote: Transport, supervisor: Supervisor, watch: _Watch, t
 def _say_stall(unit: Unit, text: str) -> None:
     first, *rest = text.splitlines()
     say("\n".join([f"[{unit.key}] {first}", *(f"    {line}" for line in rest)]))
+
+
+def _read_lines(remote: Transport, supervisor: Supervisor, watch: _Watch) -> None:
+    """This run's lines read directly from its log, where they are more than the stream brought."""
+    try:
+        lines = supervisor.run_lines(remote, watch.run)
+    except GpudeployError:
+        return
+    if len(lines) > len(watch.lines):
+        watch.lines[:] = lines
+
+
+def _explained(lines: list[str], fmt: LogFormat) -> bool:
+    """The lines hold a fatal line, and the traceback it may open has ended."""
+    if not any(fatal_rule(line, fmt) for line in lines):
+        return False
+    opened = False
+    for text in lines:
+        if TRACEBACK_HEAD in text:
+            opened = True
+        elif opened and _ends_traceback(text):
+            opened = False
+    return not opened
+
+
+def _ends_traceback(text: str) -> bool:
+    """A traceback's last line ("SomeError: why"), not a frame, a chain line or another rank's record."""
+    return (bool(text.strip()) and not text[0].isspace() and text.strip() not in TRACEBACK_CHAIN
+            and not LOG_RECORD.match(text))
 
 
 def _hear_own_death(watch: _Watch, cancel: Cancel | None) -> None:
