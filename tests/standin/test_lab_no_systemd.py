@@ -6,7 +6,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from standin_support import PYTHON
+from standin_support import PYTHON, wait_for
 
 from gpudeploy_lab import control, host
 from gpudeploy_lab.config import Host
@@ -37,6 +37,9 @@ def test_boots_systemd_reads_nspawn_s_own_options_only(monkeypatch: pytest.Monke
              for name, args in (("boot", ["--boot"]), ("pid2", ["--as-pid2", "--", "/bin/sh", "-c", "--boot"]))}
     try:
         for name, proc in procs.items():
+            # until its exec: a child just forked still shows pytest's command line (a loaded suite
+            # read that one and said "no --boot")
+            wait_for(lambda pid=proc.pid: sleep.encode() in Path(f"/proc/{pid}/cmdline").read_bytes(), 60)
             monkeypatch.setattr(host, "nspawn_pid", lambda h, pid=proc.pid: pid)
             assert host.boots_systemd(Host(9)) is (name == "boot")
         monkeypatch.setattr(host, "nspawn_pid", lambda h: None)
