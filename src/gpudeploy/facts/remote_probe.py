@@ -423,10 +423,9 @@ def http_start(urls: dict[str, Any], timeout: float = 2.0) -> Any:
 
     def get(name: str, urls: str | list[str]) -> None:
         chain = [urls] if isinstance(urls, str) else list(urls)
-        said: dict[str, Any] = {} if isinstance(urls, str) else {"url": ""}  # of a chain: which one answered
         end = time.monotonic() + timeout
         for i, url in enumerate(chain):
-            said = {"url": url} if said else said
+            said = {} if isinstance(urls, str) else {"url": url}  # of a chain: which one answered
             try:
                 status, body = http_status_body(url, max(0.01, end - time.monotonic()))
             except Exception:  # refused, reset, timeout, not HTTP: down, for status

@@ -151,10 +151,7 @@ class _Watch:
         step = progress_of(text)
         if step is not None:
             self.on_phase(self.unit, self.phase, time.monotonic() - self.t0, step[0], step[1])
-        if TRACEBACK_HEAD in text:
-            self.traceback_open = True
-        elif self.traceback_open and _ends_traceback(text):
-            self.traceback_open = False
+        self.traceback_open = _in_traceback(self.traceback_open, text)
         if fatal_rule(text, self.fmt) and self.fatal_at is None:
             self.fatal_at = time.monotonic()
             self._after(FATAL_GRACE_S)
@@ -336,17 +333,18 @@ def _explained(lines: list[str], fmt: LogFormat) -> bool:
         return False
     opened = False
     for text in lines:
-        if TRACEBACK_HEAD in text:
-            opened = True
-        elif opened and _ends_traceback(text):
-            opened = False
+        opened = _in_traceback(opened, text)
     return not opened
 
 
-def _ends_traceback(text: str) -> bool:
-    """A traceback's last line ("SomeError: why"), not a frame, a chain line or another rank's record."""
-    return (bool(text.strip()) and not text[0].isspace() and text.strip() not in TRACEBACK_CHAIN
+def _in_traceback(opened: bool, text: str) -> bool:
+    """Whether a traceback is still open after ``text``: a head opens one; its last line ("SomeError:
+    why": not a frame, a chain line or another rank's record) ends it."""
+    if TRACEBACK_HEAD in text:
+        return True
+    ends = (bool(text.strip()) and not text[0].isspace() and text.strip() not in TRACEBACK_CHAIN
             and not LOG_RECORD.match(text))
+    return opened and not ends
 
 
 def _hear_own_death(watch: _Watch, cancel: Cancel | None) -> None:
