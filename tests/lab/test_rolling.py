@@ -52,6 +52,7 @@ def changed_pair(root: Path, marker: str) -> Path:
 @pytest.mark.sglang
 def test_a_rolling_update_under_load_drops_no_request(lab: Lab, tmp_path: Path) -> None:
     engine.ensure_sglang()
+    engine.ensure_router()  # run alone, nothing else built it
     first = changed_pair(tmp_path / "a", "1")
     try:
         res = gd("deploy", "--inventory", str(first), timeout=900)

@@ -48,7 +48,8 @@ def real_role(*, settings: dict[str, Any] | None = None, env: dict[str, str] | N
 
 @pytest.fixture(scope="module")
 def pair(lab: Lab) -> Iterator[subprocess.CompletedProcess[str]]:
-    engine.ensure_sglang()  # cached: scripts/test.sh builds it before the lab comes up
+    engine.ensure_sglang()  # cached: scripts/test.sh builds both before the lab comes up
+    engine.ensure_router()  # the pair is served through the real router
     res = gd("deploy", "--inventory", str(PAIR), timeout=900)
     yield res
     down = gd("teardown", "--inventory", str(PAIR), "--purge", timeout=300)

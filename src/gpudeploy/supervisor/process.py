@@ -23,13 +23,14 @@ from ..remote.base import Stream, Transport
 from ..remote.jsonlines import json_lines
 from . import process_host
 from .base import Run, Sink, UnitState
+from .cutoff import CutOff
 
 SOURCE = Path(process_host.__file__).read_text()
 LOG_DIR = process_host.LOG_DIR
 RUNS_DIR = process_host.RUNS_DIR
 START_MARGIN_S = 60.0
 ALIVE_POLL_S = 1.0
-LOST_AFTER_S = 5.0
+LOST_AFTER_S = 5.0  # one liveness poll waits this long (cutoff.CUT_OFF_S of them unanswered: cut off)
 
 
 def _host_cmd(command: str, arg: Mapping[str, Any], python: str) -> list[str]:
@@ -67,8 +68,9 @@ class ProcessWatch:
     """One stream for every run on the host (their logs and exits) and a light liveness poll."""
 
     def __init__(self, transport: Transport, runs: list[Run], sinks: Mapping[str, Sink], python: str, *,
-                 tail: int | None = None, poll_s: float | None = None) -> None:
+                 tail: int | None = None, poll_s: float | None = None, cut_off: CutOff | None = None) -> None:
         self.transport = transport
+        self.cut_off = cut_off
         self.runs = runs
         self.sinks = sinks
         self.python = python
@@ -108,13 +110,17 @@ class ProcessWatch:
                 self.errors.append(f"{type(exc).__name__}: {exc}")
 
     def _poll(self) -> None:
+        cut_off = self.cut_off or CutOff()
         while not self.done.wait(self.poll_s):
             try:
                 self.transport.run(["true"], timeout=LOST_AFTER_S)
             except GpudeployError as exc:
+                if not cut_off.failed():
+                    continue
                 for sink in self.sinks.values():
                     sink.lost(str(exc))
                 return
+            cut_off.answered()
 
 
 class Process:

@@ -20,9 +20,10 @@ from ..plan.build import UNIT_DIR
 from ..remote.base import Stream, Transport
 from ..remote.jsonlines import json_lines
 from .base import Run, Sink, UnitState
+from .cutoff import CutOff
 
 STATE_POLL_S = 0.2
-LOST_AFTER_S = 5.0  # a state poll unanswered this long means the host is cut off
+LOST_AFTER_S = 5.0  # one state poll waits this long (cutoff.CUT_OFF_S of them unanswered: cut off)
 START_MARGIN_S = 60.0  # what `systemctl restart` may take beyond the old run's stop timeout
 STATE_PROPS = "Id,ActiveState,SubState,InvocationID,ExecMainStatus,Result"
 EXIT_WORDS = ("Main process exited", "Failed with result", "Deactivated successfully")
@@ -128,9 +129,10 @@ class Watch:
     """Follows several runs on one host: one journal stream, one state poll, events to sinks."""
 
     def __init__(self, remote: Transport, runs: list[Run], sinks: Mapping[str, Sink], *, tail: int | None = None,
-                 poll_s: float | None = None) -> None:
+                 poll_s: float | None = None, cut_off: CutOff | None = None) -> None:
         self.remote = remote
         self.runs = {r.unit: r for r in runs}
+        self.cut_off = cut_off
         self.sinks = sinks
         self.tail = tail
         self.poll_s = poll_s if poll_s is not None else STATE_POLL_S
@@ -174,13 +176,17 @@ class Watch:
 
     def _poll(self) -> None:
         argv = ["systemctl", "show", "-p", STATE_PROPS, "--", *self.runs]
+        cut_off = self.cut_off or CutOff()
         while not self.done.wait(self.poll_s):
             try:
                 res = self.remote.run(argv, timeout=LOST_AFTER_S, check=False)
             except GpudeployError as exc:
+                if not cut_off.failed():
+                    continue
                 for sink in self.sinks.values():
                     sink.lost(str(exc))
                 return
+            cut_off.answered()
             for unit, props in parse_states(res.stdout).items():
                 run = self.runs.get(unit)
                 if (run is not None and props.get("InvocationID") == run.invocation

@@ -266,8 +266,10 @@ def _gate_one(remote: Transport, supervisor: Supervisor, watch: _Watch, flag_nam
                       "the unit keeps starting there: `invoke status` shows it, `invoke teardown` stops it")
         return GateResult(False, watch.phase, elapsed, cause, watch.lines)
     if watch.lost_reason is not None and watch.exit_words is None:
+        # The transport's own words (a timeout, a reset) tell a cut link from a refused session.
+        why = watch.lost_reason.removeprefix(f"{unit.host.name}: ")
         cause = Cause("connection-lost", f"lost the connection to {unit.host.name} while waiting "
-                      f"(last phase reached: {watch.phase})", tuple(watch.lines[-5:]),
+                      f"(last phase reached: {watch.phase}; {why})", tuple(watch.lines[-5:]),
                       "the unit may still be starting there: check the network, then `invoke status`; "
                       "`invoke deploy` again converges, `invoke teardown` stops it")
         return GateResult(False, watch.phase, elapsed, cause, watch.lines)
