@@ -3,7 +3,9 @@
     python fake_sshd.py ADDRESS PORT HOST_KEY AUTHORIZED_PUBKEY NAME
 
 Prints ``listening`` once bound, then ``direct-tcpip ADDRESS PORT`` for each relay it opens.
-``exec`` of ``true`` exits 0, ``hostname`` prints NAME, anything else exits 127. ``direct-tcpip``
+``exec`` of ``true`` exits 0, ``hostname`` prints NAME, ``never-answer`` is a request the server
+never answers (a link that went down after the request left: no reply, no close), anything else
+exits 127. ``direct-tcpip``
 (what ``ssh -W`` / ProxyJump asks of a bastion) connects from this process's network namespace and
 relays bytes both ways. Runs until killed.
 """
@@ -45,6 +47,8 @@ class Server(paramiko.ServerInterface):
         with self.arrived:
             self.commands[channel.get_id()] = command
             self.arrived.notify_all()
+        if command == b"never-answer":
+            threading.Event().wait()  # this connection's transport thread: no answer ever goes out
         return True
 
 
@@ -88,6 +92,8 @@ def serve(conn: socket.socket, host_key: paramiko.PKey, authorized: paramiko.PKe
         with server.arrived:
             server.arrived.wait_for(lambda: chanid in server.commands, timeout=5)  # noqa: B023 (used here only)
         command = server.commands.get(chanid, b"")
+        if command == b"never-answer":
+            continue  # left open: neither an answer nor a close
         if command == b"true":
             chan.send_exit_status(0)
         elif command == b"hostname":
