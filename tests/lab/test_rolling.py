@@ -9,6 +9,7 @@ deploy is refused with the expected downtime, and ``--allow-downtime`` restarts 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,37 @@ def workers(router: str) -> list[tuple[str, str, bool]]:
     return sorted((w["url"], w["worker_type"], w["is_healthy"]) for w in json.loads(body)["workers"])
 
 
+def evidence(lab: Lab, out: str, load: Load, t0: float) -> str:
+    """What a failed roll under load leaves to read: deploy's words, each request's times (seconds
+    from the load's start), and the three hosts' journals since the test began (the lab goes down
+    with the test, and with it the journals)."""
+    times = "\n".join(f"  {s.start - t0:8.3f} {s.end - t0:8.3f} {s.status} {s.error}" for s in load.sent
+                      if not s.ok or s.latency_s > 2)
+    journal = ("journalctl -o short-precise --no-pager -n 400 | grep -v -e sshd -e systemd-logind -e session- "
+               "| cut -c-400")
+    logs = [f"--- journal of {h} ---\n" + lab.ssh(h, journal).stdout for h in ("lab1", "lab2", "lab3")]
+    return "\n".join([f"--- deploy ---\n{out}", f"--- failed or slow requests ---\n{times}", *logs])
+
+
+def serves_at_once(router: str, lab: Lab) -> bool:
+    """A few rounds of two requests at once through a pair just started, each answered in time.
+
+    Once in CI (never in the 10 loaded tries here since) the real 0.5.23 CPU pair, just deployed, left the
+    first two requests sent at the same moment hanging for over 60 s, and the two after them; from
+    then on it served. The roll is what the test measures, so a pair that does not serve two
+    requests at once is not where it starts: its logs are printed and it is deployed afresh."""
+    with Load(f"{router}/generate", clients=2, timeout_s=30, limit_s=120) as warm:
+        deadline = time.monotonic() + 90
+        while len([s for s in warm.sent if s.ok]) < 8 and time.monotonic() < deadline \
+                and not any(not s.ok for s in warm.sent):
+            time.sleep(0.2)
+    if len(warm.sent) >= 8 and all(s.ok for s in warm.sent):
+        return True
+    print(f"warm-up: {[(round(s.latency_s, 1), s.status, s.error) for s in warm.sent]}")
+    print(evidence(lab, "", warm, 0.0))
+    return False
+
+
 def changed_pair(root: Path, marker: str) -> Path:
     """inventory/lab-sglang.yml with both engines' env changed (so both roll), roles copied beside it."""
     inv = yaml.safe_load(PAIR.read_text())
@@ -55,19 +87,27 @@ def test_a_rolling_update_under_load_drops_no_request(lab: Lab, tmp_path: Path) 
     engine.ensure_router()  # run alone, nothing else built it
     first = changed_pair(tmp_path / "a", "1")
     try:
-        res = gd("deploy", "--inventory", str(first), timeout=900)
-        assert res.returncode == 0, res.stdout + res.stderr
+        for attempt in range(3):
+            res = gd("deploy", "--inventory", str(first), timeout=900)
+            assert res.returncode == 0, res.stdout + res.stderr
+            if serves_at_once(ROUTER, lab):
+                break
+            print(f"warm-up {attempt + 1}: the real pair did not serve two requests at once; deploying it afresh")
+            gd("teardown", "--inventory", str(first), "--purge", timeout=300)
+        else:
+            pytest.fail("the real pair never served two requests at once after its start (3 fresh deploys)")
         before = {h: main_pid(lab, h, unit_name("lab-sglang", r)) for h, r in
                   (("lab1", "sglang-cpu-prefill"), ("lab2", "sglang-cpu-decode"))}
         second = changed_pair(tmp_path / "b", "2")
+        t0 = time.monotonic()
         with Load(f"{ROUTER}/generate", clients=2) as load:
             res = gd("deploy", "--inventory", str(second), timeout=900)
         out = res.stdout + res.stderr
-        assert res.returncode == 0, out
+        assert res.returncode == 0, evidence(lab, out, load, t0)
         assert "rolling lab1/sglang-cpu-prefill, lab2/sglang-cpu-decode through lab3/sglang-cpu-router" in out, out
         failed = [s for s in load.sent if not s.ok]
         print(f"rolling update under load: {len(load.sent)} requests, {len(failed)} failed")
-        assert len(load.sent) > 20 and failed == [], failed[:5]
+        assert len(load.sent) > 20 and failed == [], evidence(lab, out, load, t0)
         assert workers(ROUTER) == [("http://10.231.0.11:30000", "prefill", True),
                                    ("http://10.231.0.12:30000", "decode", True)]
         after = {h: main_pid(lab, h, unit_name("lab-sglang", r)) for h, r in
@@ -136,3 +176,4 @@ def test_a_standin_pair_rolls_with_no_failed_request(deployments: Deployments, l
     assert res.returncode == 0, res.stdout + res.stderr
     failed = [s for s in load.sent if not s.ok]
     assert load.sent and failed == [], failed[:5]
+
