@@ -53,6 +53,12 @@ def note(key: str, text: str) -> None:
         _ledger[key] = text
 
 
+def noted(key: str) -> str | None:
+    """What the ledger says of ``key`` now (None: nothing)."""
+    with _lock:
+        return _ledger.get(key)
+
+
 def clear(key: str) -> None:
     with _lock:
         _ledger.pop(key, None)

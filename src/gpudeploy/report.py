@@ -272,13 +272,17 @@ def interrupted_text(result: Any) -> str:
     left = [(host, o) for host, res in results.items() if not isinstance(res, GpudeployError)
             for o in res if getattr(o, "left_running", False)]
     unknown = [host for host, res in results.items() if isinstance(res, GpudeployError)]
+    extra = [line for dep in result.deployments.values() for line in getattr(dep, "left", [])]
     lines = ["interrupted (Ctrl-C)."]
     if left:
         lines.append("left running, still starting:")
         lines += [f"  {host}/{o.unit.role.name}: {o.unit.name} MainPID {o.main_pid} "
                   f"(`invoke teardown --host {host} --role {o.unit.role.name}` stops it)" for host, o in left]
-    else:
+    elif not extra:
         lines.append("nothing this run started is left starting.")
+    if extra:
+        lines.append("left running by an interrupted rolling update:")
+        lines += [f"  {line}" for line in extra]
     if unknown:
         lines.append("not known (the host did not answer in time): " + ", ".join(unknown)
                      + "; `invoke status` shows what runs there")

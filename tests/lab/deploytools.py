@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -139,3 +140,22 @@ def main_pid(lab: Lab, host: str, unit: str) -> int:
 
 def alive(lab: Lab, host: str, pid: int) -> bool:
     return lab.ssh(host, f"test -e /proc/{pid}").returncode == 0
+
+
+def interrupt_at(proc: subprocess.Popen[str], marker: str) -> tuple[str, float]:
+    """Read until ``marker``, send SIGINT, read to the end: (output, seconds from SIGINT to exit)."""
+    assert proc.stdout is not None
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if marker in line:
+            break
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    try:
+        out = "".join(seen) + proc.communicate(timeout=60)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return out, time.monotonic() - sent

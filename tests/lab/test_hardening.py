@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import signal
 import subprocess
 import sys
 import time
@@ -16,7 +15,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 from conftest import Lab
-from deploytools import REPO, Deployments, gd, main_pid, standin_role, status_json
+from deploytools import REPO, Deployments, gd, interrupt_at, main_pid, standin_role, status_json
 
 from gpudeploy.apply.lock import holder_argv
 from gpudeploy.plan import load_plan, unit_name
@@ -158,25 +157,6 @@ def cores() -> Iterator[Callable[[], None]]:
         p.wait()
 
 
-def _interrupt_at(proc: subprocess.Popen[str], marker: str) -> tuple[str, float]:
-    """Read until ``marker``, send SIGINT, read to the end: (output, seconds from SIGINT to exit)."""
-    assert proc.stdout is not None
-    seen = []
-    for line in proc.stdout:
-        seen.append(line)
-        if marker in line:
-            break
-    sent = time.monotonic()
-    proc.send_signal(signal.SIGINT)
-    try:
-        out = "".join(seen) + proc.communicate(timeout=60)[0]
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    return out, time.monotonic() - sent
-
-
 def _lock_is_free(lab: Lab, host: str) -> bool:
     """Nobody holds the host lock: a holder with no wait gets it at once."""
     argv = holder_argv("/usr/bin/python3", 0, '{"by": "the probe"}')
@@ -192,7 +172,7 @@ def test_ctrl_c_stops_waiting_at_once_and_says_what_is_left_running(deployments:
         cores()
     proc = subprocess.Popen([*INVOKE, "deploy", "--inventory", str(inv), "--host", "lab2"], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    out, took = _interrupt_at(proc, "capturing CUDA graphs")
+    out, took = interrupt_at(proc, "capturing CUDA graphs")
     print(f"ctrl-c in the gate ({'both cores busy' if busy else 'idle'}): deploy exited {took:.2f} s after SIGINT")
     assert proc.returncode == 130, out
     assert f"lab2/srv: {unit_name('intr', 'srv')} MainPID" in out, out
@@ -217,7 +197,7 @@ def test_ctrl_c_while_waiting_for_a_host_lock_under_load(deployments: Deployment
         cores()
         proc = subprocess.Popen([*INVOKE, "deploy", "--inventory", str(inv), "--host", "lab3"], cwd=REPO,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        out, took = _interrupt_at(proc, "waiting for another gpudeploy run")
+        out, took = interrupt_at(proc, "waiting for another gpudeploy run")
         print(f"ctrl-c while waiting for the host lock (both cores busy): exited {took:.2f} s after SIGINT")
         assert proc.returncode == 130 and "Traceback" not in out, out
         assert took < 10, f"{took:.1f} s"

@@ -122,7 +122,8 @@ def _flag_name(u: Unit) -> FlagName:
 
 def start_and_gate(remote: Transport, supervisor: Supervisor, units: list[Unit], files: dict[str, Any],
                     states: dict[str, UnitState], opts: Options, cancel: Cancel | None,
-                    links: GroupLinks | None = None) -> list[UnitOutcome]:
+                    links: GroupLinks | None = None, stop_it: str | None = None) -> list[UnitOutcome]:
+    """``stop_it``: how to stop a unit left starting by Ctrl-C, where its role cannot say (a surge copy)."""
     host = remote.host.name
     outcomes: dict[str, UnitOutcome] = {}
     started: list[tuple[Unit, Run]] = []
@@ -130,8 +131,8 @@ def start_and_gate(remote: Transport, supervisor: Supervisor, units: list[Unit],
         if cancel is not None and cancel.is_set():
             outcomes[u.name] = UnitOutcome(u, "skipped", False, message="not started: interrupted")
             continue
-        stop_it = f"`invoke teardown --host {host} --role {u.role.name}` stops it"
-        interrupt.note(u.key, f"{u.name}: its start was asked for; {stop_it}")
+        hint = stop_it or f"`invoke teardown --host {host} --role {u.role.name}` stops it"
+        interrupt.note(u.key, f"{u.name}: its start was asked for; {hint}")
         try:
             run = supervisor.start(remote, u.name, was_active=states[u.name].active,
                                    stop_timeout_s=u.role.stop_timeout_s)
@@ -147,7 +148,7 @@ def start_and_gate(remote: Transport, supervisor: Supervisor, units: list[Unit],
                 links.failed(u)  # the other ranks of its group need not wait out their health timeout
             continue
         action = "restarted" if run.restarted else "started"
-        interrupt.note(u.key, f"{u.name} MainPID {run.main_pid}, still starting; {stop_it}")
+        interrupt.note(u.key, f"{u.name} MainPID {run.main_pid}, still starting; {hint}")
         say(f"[{host}/{u.role.name}] {action} {u.name}: MainPID {run.main_pid}, invocation {run.invocation[:12]}")
         for note in run.notes:
             say(f"[{host}/{u.role.name}] WARNING: {note}")

@@ -33,7 +33,7 @@ from ..verify.gate import request_timeout
 from ..verify.group import GroupLinks, rank_words, root_cause
 from ..verify.liveness import live_urls
 from ..verify.smoke import SmokeResult, smoke_test
-from . import check, preflight, rolling, rollout
+from . import check, preflight, rolling, rollout, surges
 from .deploy import Options, UnitOutcome, calibrate, desired_files, file_hashes, secrets_for, start_and_gate
 from .order import stop_rank, upstreams_of
 from .sessions import open_sessions
@@ -70,6 +70,7 @@ class DeploymentOutcome:
     restored: list[str] = field(default_factory=list)  # host/role back on their previous files, and how that went
     rolled: list[str] = field(default_factory=list)  # the steps of a rolling update through the router
     running: list[str] = field(default_factory=list)  # host/role left running after a failure
+    left: list[str] = field(default_factory=list)  # after Ctrl-C: what else this run left running, and how to stop it
 
     def fail(self, why: str) -> None:
         if self.ok:
@@ -157,7 +158,7 @@ def _batch(plan: Plan, units: list[Unit], secrets: dict[str, str], renderer: Ren
                     result.hosts.setdefault(host, res)
             for d in {u.deployment for u in units}:
                 result.deployments[d].fail("interrupted (Ctrl-C) before it was ready")
-                result.deployments[d].running = sorted(
+                result.deployments[d].running = result.deployments[d].running or sorted(
                     o.unit.key for o in outcomes.values() if o.unit.deployment == d
                     and o.action in ("started", "restarted", "unchanged", "interrupted"))
             _collect(result, units, outcomes)
@@ -187,7 +188,8 @@ def probe_spec(host: Host, mine: list[Unit], units: list[Unit]) -> dict[str, Any
     # Both supervisors' unit files are hashed: which one the host uses is known only then.
     candidates = [p for u in mine for p in (SYSTEMD.unit_path(u.name), PROCESS.unit_path(u.name), u.env_path)]
     health = {u.name: live_urls(u, host) for u in mine if u.health_url}
-    return {"units": [u.name for u in mine], "ports": True, "gpus": True, "files": candidates,
+    return {"units": [u.name for u in mine] + surges.probe_names(units, host.name), "ports": True, "gpus": True,
+            "files": candidates,
             "reach": [t for u in mine for t in reach_targets(u, units)],
             "versions": preflight.versions_spec(host, mine), "http": health,
             "http_timeout": max([request_timeout(u) for u in mine if u.health_url] or [2.0])}
@@ -246,6 +248,10 @@ def _run(plan: Plan, sessions: dict[str, HostSession], units: list[Unit], secret
                 outcomes[u.key] = UnitOutcome(u, action, True, s.states[u.name].main_pid)
         return
 
+    # Surge copies an earlier roll left behind go first: the roll below needs their room.
+    found = {n: surges.Where(s.remote, s.supervisor, s.states, s.facts) for n, s in sessions.items()}
+    kept = surges.put_away([u for u in units if u.host.name in sessions], found,
+                           {name: h for s in sessions.values() for name, h in s.healthy.items()})
     rolled = _roll_serving(plan, sessions, units, secrets, renderer, opts, cancel, result, outcomes)
     if rolled:
         units = [u for u in units if u.deployment not in rolled]
@@ -341,6 +347,8 @@ def _run(plan: Plan, sessions: dict[str, HostSession], units: list[Unit], secret
     _phase(sessions, smoke, units, result, cancel)
     _clean_up_failures(sessions, units, opts, result, outcomes, cancel)
     _restore_previous(sessions, units, opts, result, outcomes, cancel)
+    if kept:
+        surges.put_away_now_ready([u for u in units if u.host.name in sessions and deps[u.deployment].ok], found, kept)
 
 
 def _current_files(remote: Transport, files: dict[str, tuple[bytes, int]]) -> dict[str, tuple[bytes, int]]:
@@ -394,8 +402,20 @@ def _roll_serving(plan: Plan, sessions: dict[str, HostSession], units: list[Unit
             continue
         say(f"-- {dep} serves now: rolling {', '.join(u.key for u in changed)} through "
             f"{next(u.key for u in mine if u.role.engine == 'sglang_router')}")
-        r = rolling.roll(plan, mine, changed, views, files, secrets, renderer, opts, cancel)
         dep_out = result.deployments[dep]
+        try:
+            r = rolling.roll(plan, mine, changed, views, files, secrets, renderer, opts, cancel)
+        except rolling.RollInterrupted as exc:
+            dep_out.rolled, dep_out.left = exc.roll.steps, rolling.left_running(exc.roll)
+            dep_out.fail(exc.roll.failure)
+            dep_out.running = sorted(u.key for u in mine)
+            for u in mine:
+                rolled = u.key in exc.roll.new
+                outcomes.setdefault(u.key, UnitOutcome(
+                    u, "unchanged" if u not in changed else "restarted" if rolled else "skipped",
+                    u not in changed or rolled, states[u.name].main_pid,
+                    message="" if u not in changed or rolled else "not rolled (Ctrl-C): still on its old files"))
+            raise Interrupted({}) from None
         dep_out.rolled = r.steps
         for o in r.outcomes:
             outcomes[o.unit.key] = o

@@ -19,7 +19,9 @@ its restart takes ~1.5 s, said as such).
 Where there is no room, nothing is done: the deploy is refused with the expected downtime (the
 engines' last measured startup) unless ``--allow-downtime`` asks for the plain restart. A failure
 mid-roll leaves the deployment serving on what was healthy before and says which engines are old and
-which new; ``deploy`` again continues from there (the new ones are then unchanged).
+which new; ``deploy`` again continues from there (the new ones are then unchanged). Ctrl-C stops
+the roll where it is and says what the router sends to and which surge copy it left running; the
+next deploy puts such a copy away first (surges.py), then rolls what is still old.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from .. import interrupt
 from ..errors import GpudeployError, InputError
 from ..fanout import Cancel, say
 from ..model import Host, PlacementRequest, Plan, Unit
@@ -39,11 +42,9 @@ from ..verify import router_api
 from ..verify.smoke import smoke_test
 from .deploy import Options, UnitOutcome, desired_files, file_hashes, start_and_gate
 from .order import upstreams_of
+from .surges import KINDS, SURGE_SUFFIX, shifted
 
-SURGE_SUFFIX = "-surge"
-SHIFT = {"http": 1000, "nccl": 1000, "bootstrap": 100, "mooncake_rpc": 3000, "dist_init": 1000}
 REGISTER_S = 120.0  # a new worker's addition job: its health check must pass within this
-KINDS = {"prefill": "prefill", "decode": "decode", "workers": "regular"}
 
 
 @dataclass
@@ -69,10 +70,42 @@ class Roll:
     old: list[str] = field(default_factory=list)  # engines still on their old files
     outcomes: list[UnitOutcome] = field(default_factory=list)
     seconds: float = 0.0
+    sends_to: list[str] = field(default_factory=list)  # the engines the router sends to now, as far as we did
+    touched: bool = False  # the router's workers were changed by this roll
+    surges: dict[str, str] = field(default_factory=dict)  # surge copy's key -> its unit, while it runs
 
     def fail(self, why: str) -> None:
         if self.ok:
             self.ok, self.failure = False, why
+
+    def where(self) -> str:
+        """Where the roll stands, in a sentence: what the router sends to."""
+        engines = ", ".join(self.sends_to)
+        return (f"the router sends to {engines}" if self.touched
+                else f"the router was not touched: it still sends to {engines}")
+
+
+def stop_hint(surge: Unit) -> str:
+    return stop_hint_for(surge.deployment)
+
+
+def stop_hint_for(deployment: str) -> str:
+    return (f"`invoke deploy` again stops it and finishes the roll (`invoke teardown --deployment {deployment}` "
+            "stops the whole deployment)")
+
+
+def left_running(out: Roll) -> list[str]:
+    """The surge copies an interrupted roll leaves running, each with how to stop it."""
+    return [f"{key}: " + (interrupt.noted(key) or f"{name}: started; {stop_hint_for(out.deployment)}")
+            for key, name in sorted(out.surges.items())]
+
+
+class RollInterrupted(KeyboardInterrupt):
+    """Ctrl-C in the middle of a roll: ``roll`` says how far it got and what it left running."""
+
+    def __init__(self, roll: Roll) -> None:
+        self.roll = roll
+        super().__init__("interrupted")
 
 
 def serving(units: list[Unit], states: dict[str, UnitState], healthy: dict[str, bool]) -> bool:
@@ -87,8 +120,7 @@ def surge_unit(plan: Plan, unit: Unit, host: Host, gpus: tuple[int, ...] | None)
     """The engine's surge copy on ``host`` (``gpus`` of it; None for a CPU engine): the same role
     under ``<role>-surge`` with every port shifted, planned by the same code as the engine itself."""
     inv = plan.inventory
-    role = replace(unit.role, name=unit.role.name + SURGE_SUFFIX,
-                   ports={k: v + SHIFT.get(k, 1000) for k, v in unit.ports.items()})
+    role = replace(unit.role, name=unit.role.name + SURGE_SUFFIX, ports=shifted(unit.ports))
     req = PlacementRequest(role=role.name, gpus=gpus, deployment=unit.deployment)
     hosts = dict(inv.hosts)
     hosts[host.name] = replace(inv.hosts[host.name], placements=(*inv.hosts[host.name].placements, req))
@@ -153,12 +185,28 @@ def url_of(unit: Unit) -> str:
 def roll(plan: Plan, units: list[Unit], changed: list[Unit], sessions: dict[str, Session],
          files: dict[str, dict[str, tuple[bytes, int]]], secrets: dict[str, str], renderer: Any,
          opts: Options, cancel: Cancel) -> Roll:
-    """Roll ``changed`` (engines and maybe the router) of one serving deployment through its router."""
+    """Roll ``changed`` (engines and maybe the router) of one serving deployment through its router.
+    Ctrl-C raises :class:`RollInterrupted`: how far it got, what the router sends to, what runs."""
     t0 = time.monotonic()
-    dep = units[0].deployment
-    out = Roll(dep)
+    out = Roll(units[0].deployment)
     [router] = [u for u in units if u.role.engine == "sglang_router"][:1] or [None]  # type: ignore[list-item]
     assert router is not None
+    out.sends_to = [u.key for u, _ in upstreams_of(router, units)]
+    try:
+        _roll(plan, units, changed, router, sessions, files, secrets, renderer, opts, cancel, out)
+        if cancel.is_set():  # a gate that saw Ctrl-C returns before the main thread hears of it
+            raise KeyboardInterrupt
+    except KeyboardInterrupt:
+        out.fail(f"interrupted (Ctrl-C) in the middle of its rolling update; {out.where()}")
+        raise RollInterrupted(out) from None
+    finally:
+        out.seconds = time.monotonic() - t0
+    return out
+
+
+def _roll(plan: Plan, units: list[Unit], changed: list[Unit], router: Unit, sessions: dict[str, Session],
+          files: dict[str, dict[str, tuple[bytes, int]]], secrets: dict[str, str], renderer: Any,
+          opts: Options, cancel: Cancel, out: Roll) -> None:
     via = sessions[router.host.name].remote
     kinds = {e.key: KINDS.get(kind, "regular") for e, kind in upstreams_of(router, units)}
     order = {"prefill": 0, "decode": 1, "regular": 2}
@@ -167,8 +215,7 @@ def roll(plan: Plan, units: list[Unit], changed: list[Unit], sessions: dict[str,
     out.old = [u.key for u in engines]
     for e in engines:
         if cancel.is_set():
-            out.fail("interrupted (Ctrl-C) between engines")
-            break
+            raise KeyboardInterrupt
         surge, why = room(plan, e, sessions)
         assert surge is not None, why  # checked before the roll began (plan_roll)
         if not _one(plan, e, surge, router, via, kinds.get(e.key, "regular"), sessions, files, secrets, renderer,
@@ -192,8 +239,6 @@ def roll(plan: Plan, units: list[Unit], changed: list[Unit], sessions: dict[str,
             else "ok" if res.ok else f"FAILED: {res.message}"))
         if not res.ok:
             out.fail(f"the smoke generation through {router.key} failed after the roll: {res.message}")
-    out.seconds = time.monotonic() - t0
-    return out
 
 
 def _step(out: Roll, text: str) -> None:
@@ -216,11 +261,14 @@ def _one(plan: Plan, e: Unit, surge: Unit, router: Unit, via: Transport, kind: s
     boot = surge.ports.get("bootstrap")
     surge_files = desired_files(surge, secrets, renderer, there.supervisor)
     # 1. the surge copy, with the new settings, gated like any start
+    out.surges[surge.key] = surge.name
     _upload(there, surge, surge_files)
     [so] = start_and_gate(there.remote, there.supervisor, [surge], {surge.name: surge_files},
-                          {surge.name: UnitState(surge.name, True, "inactive", "dead", 0, "", False, "")}, opts, cancel)
+                          {surge.name: UnitState(surge.name, True, "inactive", "dead", 0, "", False, "")}, opts, cancel,
+                          stop_it=stop_hint(surge))
     if not so.ok:
         _remove_surge(there, surge, surge_files)
+        out.surges.pop(surge.key, None)
         out.fail(f"the new {e.key} failed its gate (as {surge.key}): "
                  f"{so.gate.cause.summary if so.gate and so.gate.cause else so.action}; the old engines keep "
                  "serving and the router was not touched")
@@ -230,10 +278,12 @@ def _one(plan: Plan, e: Unit, surge: Unit, router: Unit, via: Transport, kind: s
     # 2. into the router, the old one out, drained, stopped
     if not _join(router, via, surge, kind, boot, out):
         _remove_surge(there, surge, surge_files)
+        out.surges.pop(surge.key, None)
         return False
     old = next((w for w in router_api.workers(router, via) or [] if w.url == url_of(e)), None)
     if old is not None:
         router_api.remove(router, via, old.id)
+        _left_router(out, e)
         router_api.wait_gone(router, via, url_of(e), timeout_s=30)
     drained, took = router_api.drain(e, via=here.remote, timeout_s=drain_s)
     _step(out, f"{e.key} left the router; " + (f"its requests finished in {took:.1f} s" if drained else
@@ -253,9 +303,11 @@ def _one(plan: Plan, e: Unit, surge: Unit, router: Unit, via: Transport, kind: s
     listed = next((w for w in router_api.workers(router, via) or [] if w.url == url_of(surge)), None)
     if listed is not None:
         router_api.remove(router, via, listed.id)
+        _left_router(out, surge)
         router_api.wait_gone(router, via, url_of(surge), timeout_s=30)
     router_api.drain(surge, via=there.remote, timeout_s=drain_s)
     _remove_surge(there, surge, surge_files)
+    out.surges.pop(surge.key, None)
     _step(out, f"{e.key} is new and back in the router; {surge.key} stopped")
     return True
 
@@ -265,11 +317,20 @@ def _join(router: Unit, via: Transport, engine: Unit, kind: str, bootstrap: int 
     if not router_api.add(router, via, url, kind, bootstrap):
         out.fail(f"the router refused to add {engine.key} ({url})")
         return False
+    out.touched = True
+    if engine.key not in out.sends_to:
+        out.sends_to.append(engine.key)
     if router_api.wait_listed(router, via, url, healthy=True, timeout_s=REGISTER_S) is None:
         out.fail(f"the router did not list {engine.key} ({url}) healthy within {REGISTER_S:g} s")
         return False
     _step(out, f"{engine.key} joined the router as a {kind} worker")
     return True
+
+
+def _left_router(out: Roll, engine: Unit) -> None:
+    out.touched = True
+    if engine.key in out.sends_to:
+        out.sends_to.remove(engine.key)
 
 
 def _remove_surge(s: Session, surge: Unit, surge_files: dict[str, tuple[bytes, int]]) -> None:
@@ -310,7 +371,8 @@ def changed_units(units: list[Unit], files: dict[str, dict[str, tuple[bytes, int
     return out
 
 
-__all__ = ["Roll", "Session", "changed_units", "no_room_text", "roll", "room", "serving", "surge_unit"]
+__all__ = ["Roll", "RollInterrupted", "Session", "changed_units", "no_room_text", "roll", "room", "serving",
+           "surge_unit"]
 
 
 class RollRefused(GpudeployError):
