@@ -58,6 +58,11 @@ def default_forks(hosts: int, nofile: int | None = None) -> int:
     return max(1, min(20 * (os.cpu_count() or 1), hosts, (files - 10) // FDS_PER_HOST))
 
 
+def forks_for(hosts: int) -> int:
+    """How many of ``hosts`` this command works on at once (--forks, else the default)."""
+    return min(_forks or default_forks(hosts), hosts)
+
+
 def set_forks(forks: int | None) -> None:
     """``--forks N`` for every fan-out of this command (None: the default for the host count)."""
     global _forks
@@ -149,7 +154,7 @@ def for_each_host(hosts: list[Host], fn: Callable[[Host], T], cancel: Cancel | N
         except Exception as exc:  # a bug or a library error: this host's failure, not everyone's
             results[host.name] = RemoteError(host.name, f"unexpected {type(exc).__name__}: {exc}")
 
-    pool = ThreadPoolExecutor(max_workers=min(_forks or default_forks(len(hosts)), len(hosts)))
+    pool = ThreadPoolExecutor(max_workers=forks_for(len(hosts)))
     futures: list[Future[None]] = [pool.submit(one, h) for h in hosts]
     try:
         pending = set(futures)

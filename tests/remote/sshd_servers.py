@@ -58,12 +58,13 @@ class Servers:
         keygen(self.client_key)
         self.servers: list[Server] = []
 
-    def start(self, name: str) -> Server:
+    def start(self, name: str, *, run: bool = False) -> Server:
+        """``run``: other commands really run on this machine (fake_sshd.py's ``--run``)."""
         host_key = self.tmp / f"host_{name}"
         public = keygen(host_key)
         port = free_port()
         proc = subprocess.Popen([sys.executable, str(FAKE_SSHD), ADDRESS, str(port), str(host_key),
-                                 str(self.client_key.with_suffix(".pub")), name],
+                                 str(self.client_key.with_suffix(".pub")), name, *(["--run"] if run else [])],
                                 stdout=subprocess.PIPE, text=True)
         server = Server(name, port, public, proc)
         self.servers.append(server)

@@ -1,11 +1,14 @@
 """A tiny SSH server for tests that must not touch the lab: publickey auth, ``exec``, ``direct-tcpip``.
 
-    python fake_sshd.py ADDRESS PORT HOST_KEY AUTHORIZED_PUBKEY NAME
+    python fake_sshd.py ADDRESS PORT HOST_KEY AUTHORIZED_PUBKEY NAME [--run]
 
 Prints ``listening`` once bound, then ``direct-tcpip ADDRESS PORT`` for each relay it opens.
 ``exec`` of ``true`` exits 0, ``hostname`` prints NAME, ``never-answer`` is a request the server
 never answers (a link that went down after the request left: no reply, no close), anything else
-exits 127. ``direct-tcpip``
+exits 127; with ``--run``, anything else runs here under ``sh -c`` as a real sshd would run it
+(stdin, stdout, stderr and the exit status carried); ``exec`` is printed when it starts and
+``exit RC`` when it ends.
+``direct-tcpip``
 (what ``ssh -W`` / ProxyJump asks of a bastion) connects from this process's network namespace and
 relays bytes both ways. Runs until killed.
 """
@@ -15,6 +18,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import socket
+import subprocess
 import sys
 import threading
 from typing import Any
@@ -67,7 +71,42 @@ def pump(src: Any, dst: Any) -> None:
                 end.close()
 
 
-def serve(conn: socket.socket, host_key: paramiko.PKey, authorized: paramiko.PKey, name: str) -> None:
+def run(chan: paramiko.Channel, command: bytes) -> None:
+    """``command`` under ``sh -c`` on this machine, its stdin, stdout and stderr carried by ``chan``."""
+    print("exec", flush=True)
+    proc = subprocess.Popen(["sh", "-c", command.decode()], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+
+    def feed() -> None:
+        assert proc.stdin is not None
+        with contextlib.suppress(OSError):
+            while data := chan.recv(65536):
+                proc.stdin.write(data)
+                proc.stdin.flush()
+        with contextlib.suppress(OSError):
+            proc.stdin.close()  # the client's EOF
+
+    def carry(src: Any, send: Any) -> None:
+        while data := src.read1(65536):
+            send(data)
+
+    threads = [threading.Thread(target=feed, daemon=True),
+               threading.Thread(target=carry, args=(proc.stdout, chan.sendall), daemon=True),
+               threading.Thread(target=carry, args=(proc.stderr, chan.sendall_stderr), daemon=True)]
+    for t in threads:
+        t.start()
+    rc = proc.wait()
+    for t in threads[1:]:
+        t.join()
+    print(f"exit {rc}", flush=True)
+    with contextlib.suppress(OSError, EOFError):
+        chan.send_exit_status(rc)
+        chan.close()
+
+
+def serve(conn: socket.socket, host_key: paramiko.PKey, authorized: paramiko.PKey, name: str,
+          run_commands: bool) -> None:
     transport = paramiko.Transport(conn)
     transport.add_server_key(host_key)
     server = Server(authorized, name)
@@ -99,6 +138,9 @@ def serve(conn: socket.socket, host_key: paramiko.PKey, authorized: paramiko.PKe
         elif command == b"hostname":
             chan.sendall((name + "\n").encode())
             chan.send_exit_status(0)
+        elif run_commands:
+            threading.Thread(target=run, args=(chan, command), daemon=True).start()
+            continue
         else:
             chan.send_exit_status(127)
         chan.close()
@@ -106,6 +148,7 @@ def serve(conn: socket.socket, host_key: paramiko.PKey, authorized: paramiko.PKe
 
 def main() -> None:
     address, port, key_file, authorized_file, name = sys.argv[1:6]
+    run_commands = sys.argv[6:] == ["--run"]
     host_key = paramiko.Ed25519Key.from_private_key_file(key_file)
     with open(authorized_file) as f:
         blob = f.read().split()[1]
@@ -117,7 +160,8 @@ def main() -> None:
     print("listening", flush=True)
     while True:
         conn, _ = listener.accept()
-        threading.Thread(target=serve, args=(conn, host_key, authorized, name), daemon=True).start()
+        threading.Thread(target=serve, args=(conn, host_key, authorized, name, run_commands),
+                         daemon=True).start()
 
 
 if __name__ == "__main__":

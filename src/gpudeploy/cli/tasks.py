@@ -50,14 +50,24 @@ from .args import (
 # ~0.1 s more), and each task imports what it runs.
 
 
-def plan_and_hosts(inventory: str, host: str | None, role: str | None,
-                   deployment: str | None = None) -> tuple[Any, list[Any], tuple[str, ...]]:
+def read_inventory(inventory: str) -> tuple[Any, list[Any]]:
+    """The inventory and its problems (all of them, reported by the plan that is built from it)."""
+    from ..inventory import load_inventory
+
+    problems: list[Any] = []
+    return load_inventory(inventory, problems), problems
+
+
+def plan_and_hosts(inventory: str, host: str | None, role: str | None, deployment: str | None = None,
+                   read: tuple[Any, list[Any]] | None = None) -> tuple[Any, list[Any], tuple[str, ...]]:
     """The plan for a read-or-stop command (no memory check), the hosts it looks at (the one asked
     for, the hosts of the deployment asked for, or all of them), and among those the hosts added
-    only because a selected multi-node group has ranks there (a group is one engine)."""
-    from ..plan import load_plan
+    only because a selected multi-node group has ranks there (a group is one engine). ``read``:
+    the inventory as ``read_inventory`` gave it, when the caller has read it already."""
+    from ..plan.build import build_plan
 
-    p = load_plan(inventory, host=host, role=role, deployment=deployment, memory=False)
+    inv, problems = read or read_inventory(inventory)
+    p = build_plan(inv, host=host, role=role, deployment=deployment, memory=False, problems=list(problems))
     on = {u.host.name for u in p.units}
     picked = [h for h in p.inventory.hosts.values()
               if (host is None or h.name == host) and (deployment is None or h.name in on)]
@@ -191,14 +201,27 @@ def status(c: Context, inventory: str | None = None, host: str | None = None, ro
            watch: bool = False) -> None:
     """Every gpudeploy unit by deployment: state, PID, uptime, ports, /health, the router's view of it."""
     inventory = inventory_path(inventory)
+    set_forks(positive_int(forks, "--forks"))
+    if watch and json_:
+        raise Exit("gpudeploy: --watch is a live view and --json one document: use one of them", code=1)
+    read = read_inventory(inventory)
+    early = None
+    if not (watch or role is not None or deployment is not None or read[1]):
+        # The probes of the hosts status looks at start now, before the rest of status is even
+        # imported: their ssh handshakes are most of a status (verify/head_start.py).
+        from ..verify.head_start import HeadStart
+
+        early = HeadStart([h for h in read[0].hosts.values() if host is None or h.name == host])
     from ..errors import GpudeployError as Err
     from ..report import status_text
     from ..verify.status import status as run_status
 
-    set_forks(positive_int(forks, "--forks"))
-    if watch and json_:
-        raise Exit("gpudeploy: --watch is a live view and --json one document: use one of them", code=1)
-    p, hosts, mates = plan_and_hosts(inventory, host, role, deployment)
+    try:
+        p, hosts, mates = plan_and_hosts(inventory, host, role, deployment, read)
+    except BaseException:
+        if early is not None:
+            early.close()
+        raise
     if watch:
         from ..verify.watch import watch_status
 
@@ -206,7 +229,11 @@ def status(c: Context, inventory: str | None = None, host: str | None = None, ro
         watch_status(p, hosts, mates, status_text, keep=lambda s: (role is None or s.role in named | {role})
                      and (deployment is None or s.deployment == deployment))
         return
-    results = run_status(p, hosts, mates)
+    try:
+        results = run_status(p, hosts, mates, early)
+    finally:
+        if early is not None:
+            early.close()
     if role is not None or deployment is not None:
         named = {u.role.name for u in p.units}  # --role R: R, and R's named instances
         results = {h: (r if isinstance(r, Err) else [s for s in r if (role is None or s.role in named | {role})

@@ -13,16 +13,16 @@ from typing import Any, Protocol
 from ..errors import RemoteError
 from ..model import Host
 from ..remote.base import Result
-from ..supervisor import process_host
-from . import remote_probe
 
 # One script: the probe, with the process supervisor's host module in front of it as PROCESS_HOST
-# (a host has no gpudeploy to import it from).
+# (a host has no gpudeploy to import it from). Both are read as files, not imported: status starts
+# the probe before it has imported the supervisors and the planner (verify/head_start.py).
+_PACKAGE = Path(__file__).resolve().parents[1]
 _FUTURE = "from __future__ import annotations\n"
 _PRELUDE = ("import types\nPROCESS_HOST = types.ModuleType('process_host')\n"
-            f"exec(compile({Path(process_host.__file__).read_text()!r}, 'process_host', 'exec'), "
+            f"exec(compile({(_PACKAGE / 'supervisor' / 'process_host.py').read_text()!r}, 'process_host', 'exec'), "
             "PROCESS_HOST.__dict__)\n")
-SOURCE = Path(remote_probe.__file__).read_text().replace(_FUTURE, _FUTURE + _PRELUDE, 1)
+SOURCE = (_PACKAGE / "facts" / "remote_probe.py").read_text().replace(_FUTURE, _FUTURE + _PRELUDE, 1)
 
 
 class Runner(Protocol):
@@ -34,7 +34,15 @@ class Runner(Protocol):
 
 def probe(runner: Runner, spec: dict[str, Any], timeout: float = 60.0) -> dict[str, Any]:
     host = runner.host
-    res = runner.run([host.python or "python3", "-c", SOURCE, json.dumps(spec)], timeout=timeout)
+    return parse(host, runner.run(argv(host, json.dumps(spec)), timeout=timeout))
+
+
+def argv(host: Host, spec: str = "-") -> list[str]:
+    """The probe's command line on ``host``; with ``spec`` "-" it reads its spec from stdin."""
+    return [host.python or "python3", "-c", SOURCE, spec]
+
+
+def parse(host: Host, res: Result) -> dict[str, Any]:
     try:
         data: dict[str, Any] = json.loads(res.stdout)
     except ValueError:

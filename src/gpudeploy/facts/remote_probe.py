@@ -594,4 +594,8 @@ def _boot_time() -> float:
 
 
 if __name__ == "__main__":
-    json.dump(main(json.loads(sys.argv[1])), sys.stdout)
+    # "-": the spec comes on stdin, once the caller has it (status's head start: the connection is
+    # made while gpudeploy plans); nothing on stdin: not needed after all.
+    given = sys.stdin.read() if sys.argv[1] == "-" else sys.argv[1]
+    if given.strip():
+        json.dump(main(json.loads(given)), sys.stdout)

@@ -14,6 +14,7 @@ dials, so each jump host (``jumps``) is dialled by an ssh of our own, nested as 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import shutil
@@ -122,24 +123,49 @@ class OpenSsh:
 
     def run(self, argv: list[str], *, stdin: bytes | None = None, timeout: float = 30.0,
             check: bool = True) -> Result:
-        host = self.host
-        cmd = ssh_command(host, argv)
+        return self.start(argv).finish(stdin or b"", timeout=timeout, check=check)
+
+    def start(self, argv: list[str]) -> Running:
+        """Start ``argv`` on the host now and give it its stdin later (``Running.finish``): the
+        connection's handshake goes on while the caller works out what to send (status's head start)."""
+        cmd = ssh_command(self.host, argv)
         started = time.time()
+        proc = subprocess.Popen(cmd.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        return Running(self.host, argv, cmd, proc, started)
+
+
+class Running:
+    """A command started through ssh that waits for its stdin (``OpenSsh.start``)."""
+
+    def __init__(self, host: Host, argv: list[str], cmd: Command, proc: subprocess.Popen[bytes],
+                 started: float) -> None:
+        self.host, self.argv, self.cmd, self.proc, self.started = host, argv, cmd, proc, started
+
+    def finish(self, stdin: bytes, *, timeout: float = 30.0, check: bool = True) -> Result:
+        """Send ``stdin``, close it, and wait for the command's answer (at most ``timeout`` s)."""
+        host = self.host
         try:
-            res = subprocess.run(cmd.argv, capture_output=True, timeout=timeout,
-                                 input=stdin if stdin is not None else b"")
+            out, err = self.proc.communicate(stdin, timeout=timeout)
         except subprocess.TimeoutExpired:
+            self.abandon()
             raise HostUnreachable(host.name, f"ssh to {host.address} did not answer within {timeout:g} s") from None
-        stderr = res.stderr.decode(errors="replace")
-        if res.returncode == 255:
-            on_the_way = _tail(cmd.hops_log, started)
+        stderr = err.decode(errors="replace")
+        if self.proc.returncode == 255:
+            on_the_way = _tail(self.cmd.hops_log, self.started)
             raise HostUnreachable(host.name, f"ssh to {host.address} failed: {stderr.strip()[-300:]}"
                                   + (f" (on the way, through its jump hosts: {on_the_way})" if on_the_way else ""))
-        result = Result(res.returncode, res.stdout.decode(errors="replace"), stderr)
-        if check and res.returncode != 0:
-            raise RemoteError(host.name, f"`{command_line(argv)[:200]}` failed (exit {res.returncode}): "
+        result = Result(self.proc.returncode, out.decode(errors="replace"), stderr)
+        if check and self.proc.returncode != 0:
+            raise RemoteError(host.name, f"`{command_line(self.argv)[:200]}` failed (exit {self.proc.returncode}): "
                               f"{stderr.strip()[-300:]}")
         return result
+
+    def abandon(self) -> None:
+        """Not needed after all (or it took too long): end our ssh, by its own PID, and reap it."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            self.proc.communicate(timeout=5)
 
 
 def _tail(path: Path | None, since: float) -> str:

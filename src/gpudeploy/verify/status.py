@@ -15,6 +15,7 @@ from ..remote import connect, openssh
 from ..supervisor import for_host
 from ..supervisor.base import UnitState
 from .causes import classify, log_format
+from .head_start import HeadStart
 from .http import local_url, status_of
 from .liveness import live_urls
 
@@ -60,14 +61,14 @@ class UnitStatus:
                 "gpus": {str(g): v for g, v in self.gpu_load.items()}, "gpu_standin": self.gpu_standin}
 
 
-def status(plan: Plan, hosts: list[Host], group_hosts: tuple[str, ...] = ()
+def status(plan: Plan, hosts: list[Host], group_hosts: tuple[str, ...] = (), early: HeadStart | None = None
            ) -> dict[str, list[UnitStatus] | GpudeployError]:
     """``group_hosts``: hosts looked at only for the ranks of a selected multi-node group (their
-    other units are not shown)."""
+    other units are not shown). ``early``: probes already started (head_start.py)."""
     by_host = {h.name: [u for u in plan.units if u.host.name == h.name] for h in hosts}
     names = sorted(deployments(plan.inventory))
     results = for_each_host(hosts, lambda h: host_status(h, by_host[h.name], [] if h.name in group_hosts else names,
-                                                         plan.inventory.deployment))
+                                                         plan.inventory.deployment, early))
     across_hosts(results, plan.units)
     return results
 
@@ -129,14 +130,20 @@ def probe_spec(host: Host, units: list[Unit], deployment_names: list[str], *, li
             "http": http, "http_timeout": STATUS_HTTP_S, "gpus": not light and any(u.gpus for u in units)}
 
 
-def host_status(host: Host, units: list[Unit], deployment_names: list[str], default: str) -> list[UnitStatus]:
+def host_status(host: Host, units: list[Unit], deployment_names: list[str], default: str,
+                early: HeadStart | None = None) -> list[UnitStatus]:
     spec = probe_spec(host, units, deployment_names)
-    if host.connection == "ssh" and openssh.available():
-        facts = probe(openssh.OpenSsh(host), spec)
-    else:  # this machine itself, or paramiko where there is no OpenSSH client
-        with connect(host) as remote:
-            facts = probe(remote, spec)
+    facts = early.probe(host, spec) if early is not None else None
+    if facts is None:
+        facts = host_probe(host, spec)
     return [s for s, _ in read_facts(host, units, facts, default)]
+
+
+def host_probe(host: Host, spec: dict[str, Any]) -> dict[str, Any]:
+    if host.connection == "ssh" and openssh.available():
+        return probe(openssh.OpenSsh(host), spec)
+    with connect(host) as remote:  # this machine itself, or paramiko where there is no OpenSSH client
+        return probe(remote, spec)
 
 
 def read_facts(host: Host, units: list[Unit], facts: dict[str, Any], default: str
