@@ -40,6 +40,38 @@ def health_wait(interval_s: float) -> tenacity.wait.wait_base:
     return wait_exponential(multiplier=0.05, min=0.05, max=interval_s)
 
 
+# A server that answers 503 has its HTTP up and is warming up; it turns 200 the moment its warmup
+# request ends (0.5.23 http_server.py sets ServerStatus.Up, then logs the ready line, which reaches
+# us through journald up to 250 ms later). Its 503 costs it nothing (health_generate returns before
+# touching a scheduler), so ask every WARMUP_POLL_S then, not at the backoff's step (up to the
+# role's interval): the command returns sooner after the last host is ready (issue 26). The gates of
+# one command together ask at most WARMUP_RATE times a second: 64 hosts warming up at once would
+# otherwise be 1,280 requests a second through their SSH connections.
+WARMUP_POLL_S = 0.05
+WARMUP_RATE = 160.0
+
+
+class Warming:
+    """The gates whose server last answered 503; the warmup poll's interval grows with their count."""
+
+    def __init__(self, rate: float = WARMUP_RATE) -> None:
+        self.rate = rate
+        self.lock = threading.Lock()
+        self.gates: set[int] = set()
+
+    def mark(self, gate: object, warming: bool) -> None:
+        with self.lock:
+            (self.gates.add if warming else self.gates.discard)(id(gate))
+
+    def interval(self, cap_s: float) -> float:
+        with self.lock:
+            n = len(self.gates)
+        return min(cap_s, max(WARMUP_POLL_S, n / self.rate))
+
+
+WARMING = Warming()
+
+
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 JOURNAL_CATCH_UP_S = 0.3  # after a death, how long the stream may lag behind the unit's state
 FATAL_GRACE_S = 0.4  # after a fatal line, collect the lines that explain it (e.g. "Possible solutions")
@@ -122,6 +154,7 @@ class _Watch:
         self.clock = Clock()  # the last sign of progress
         self.stall: Stall | None = None  # the last stall reported
         self.stalled = False  # the gate gave up on a stall (health.on_stall: stop)
+        self.warming = False  # the server's last answer to /health was 503: its HTTP is up, warmup runs
         self.on_resume: Callable[[float], None] = lambda quiet_s: None
 
     def moved(self) -> None:
@@ -415,18 +448,23 @@ def _poll_health(unit: Unit, watch: _Watch, timeout: float, via: Transport) -> f
             return False
         # through the host's ssh connection
         code = _ask(watch.stop, lambda: status_of(unit.health_url, timeout=per_request, via=via))
+        watch.warming = code == 503
+        WARMING.mark(watch, watch.warming)
         if code == 503:
             watch.set_phase("warmup")
         return code == 200
 
     retrying = tenacity.Retrying(
         stop=stop_after_delay(timeout) | _stopped(watch),
-        wait=health_wait(unit.role.health.interval_s),
+        wait=_health_wait(watch, unit.role.health.interval_s),
         retry=retry_if_result(lambda ok: not ok),
         sleep=lambda s: _sleep(watch, s),
         retry_error_callback=lambda state: False,
     )
-    ok = retrying(attempt)
+    try:
+        ok = retrying(attempt)
+    finally:
+        WARMING.mark(watch, False)
     return time.monotonic() if ok and not watch.stop.is_set() else None
 
 
@@ -434,6 +472,20 @@ def _sleep(watch: _Watch, seconds: float) -> None:
     # returns early when a watcher saw the server die, on Ctrl-C, or when the log shows a new phase
     watch.wake.wait(seconds)
     watch.wake.clear()
+
+
+class _health_wait(tenacity.wait.wait_base):
+    """The backoff, or the warmup poll while the server answers 503."""
+
+    def __init__(self, watch: _Watch, interval_s: float) -> None:
+        self.watch = watch
+        self.interval_s = interval_s
+        self.backoff = health_wait(interval_s)
+
+    def __call__(self, retry_state: tenacity.RetryCallState) -> float:
+        if self.watch.warming:
+            return WARMING.interval(self.interval_s)
+        return float(self.backoff(retry_state))
 
 
 class _stopped(tenacity.stop.stop_base):
