@@ -126,3 +126,43 @@ def test_ctrl_c_inside_the_thread_pools_lock_handoff_still_exits(tmp_path: Path)
         pytest.fail("`invoke status` interrupted inside concurrent.futures.wait() never exited")
     assert res.returncode == 130, res.stdout + res.stderr
     assert "interrupted" in res.stderr and "Traceback" not in res.stderr, res.stderr
+
+
+# A KeyboardInterrupt raised while the main thread runs a weakref callback (the garbage collector
+# runs them at any allocation) is dropped by Python ("Exception ignored in ..."): the loaded suite's
+# `invoke experiment` lost Ctrl-C that way inside WeakSet._remove and ran on in its benchmark until
+# the grace's exit, so its store never said "interrupted". Here the SIGINT lands inside one.
+IN_A_CALLBACK = r"""
+import time, weakref
+from gpudeploy import interrupt
+interrupt.install(grace_s=60)
+
+class Thing:
+    pass
+
+def callback(ref):
+    print("ready", flush=True)  # the test sends SIGINT now, while we are still in here
+    while not interrupt.pressed():
+        pass
+    time.sleep(0.05)  # the handler runs (and raises) at a bytecode of this loop
+
+thing = Thing()
+ref = weakref.ref(thing, callback)
+try:
+    del thing  # the callback runs; the KeyboardInterrupt raised in it is dropped by Python
+    for _ in range(500):
+        time.sleep(0.01)
+    print("ran on", flush=True)
+except KeyboardInterrupt:
+    print("caught", flush=True)
+interrupt.leave()
+"""
+
+
+def test_an_interruption_raised_inside_a_weakref_callback_reaches_the_main_thread(busy_cores: None) -> None:
+    proc = _start(IN_A_CALLBACK)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert "caught" in out and "ran on" not in out, out + err
+    assert proc.returncode == 130
+    assert "interrupted again" not in err, err  # the redelivery is not taken for a second Ctrl-C

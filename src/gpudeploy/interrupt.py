@@ -16,12 +16,20 @@ rarer, never impossible. So the first SIGINT:
   3. KeyboardInterrupt is raised in the main thread, so the normal path can say exactly what it
      left, and leave with :func:`leave`, which never waits for threads either.
 
+Python drops an exception raised inside a weakref callback or a ``__del__`` ("Exception ignored
+in ...", through ``sys.unraisablehook``): a KeyboardInterrupt raised while the garbage collector ran
+one was lost that way under load (an experiment ran on in its benchmark and only the grace's exit
+ended it, without the store's "interrupted" or what still ran). So a KeyboardInterrupt the hook
+hears is raised again in the main thread at its next bytecode (``_thread.interrupt_main``), and the
+listener does not count that redelivery as a second Ctrl-C.
+
 A second Ctrl-C leaves at once. The host side never depends on us exiting cleanly: every lock
 holder lets go when its channel closes, every benchmark client runs under ``timeout``.
 """
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import os
 import select
@@ -44,6 +52,9 @@ _ledger: dict[str, str] = {}  # what this command has going on hosts, said if th
 _cancels: list[weakref.WeakMethod[Callable[[], None]]] = []
 _pressed_at: float | None = None
 _installed = False
+_redelivered = 0  # SIGINTs this process raised itself (a swallowed KeyboardInterrupt, raised again)
+_redelivered_lock = threading.Lock()
+DROPPED = b"\xff"  # the unraisable hook's word to the listener (signal numbers are below 65)
 
 
 def note(key: str, text: str) -> None:
@@ -95,12 +106,33 @@ def install(grace_s: float = GRACE_S) -> None:
     os.set_blocking(w, False)
     signal.set_wakeup_fd(w, warn_on_full_buffer=False)
     signal.signal(signal.SIGINT, _raise)
+    sys.unraisablehook = _unraisable(sys.unraisablehook, w)
     threading.Thread(target=_listen, args=(r, grace_s), name="ctrl-c", daemon=True).start()
     _installed = True
 
 
 def _raise(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
+
+
+def _unraisable(previous: Callable[[sys.UnraisableHookArgs], object], w: int
+                ) -> Callable[[sys.UnraisableHookArgs], None]:
+    """A hook that hands a dropped KeyboardInterrupt to the listener, which raises it again: not here,
+    where the main thread is still inside the context that drops it."""
+    def hook(args: sys.UnraisableHookArgs) -> None:
+        if args.exc_type is not None and issubclass(args.exc_type, KeyboardInterrupt):
+            with contextlib.suppress(OSError):
+                os.write(w, DROPPED)
+            return
+        previous(args)
+    return hook
+
+
+def _redeliver() -> None:
+    global _redelivered
+    with _redelivered_lock:  # before the byte interrupt_main writes to the wakeup pipe can reach us
+        _redelivered += 1
+    _thread.interrupt_main(signal.SIGINT)
 
 
 def _listen(r: int, grace_s: float) -> None:
@@ -114,19 +146,34 @@ def _listen(r: int, grace_s: float) -> None:
                    + _left_text())
             os._exit(EXIT_CODE)
         got = os.read(r, 64)
-        if signal.SIGINT not in got:
-            continue
-        if deadline is not None or got.count(signal.SIGINT) > 1:
+        presses = got.count(signal.SIGINT) - _own(got.count(signal.SIGINT))
+        if presses > 0 and (deadline is not None or presses > 1):
             _write(2, "interrupted again: leaving now.\n" + _left_text())
             os._exit(EXIT_CODE)
-        _pressed_at = time.monotonic()
-        deadline = _pressed_at + grace_s
-        empty: list[Callable[[], None] | None] = []
-        for cancel in _snapshot(lambda: [ref() for ref in _cancels], empty):
-            if cancel is None:
-                continue
-            with contextlib.suppress(Exception):  # a cancel that fails must not keep the others from running
-                cancel()
+        if presses > 0:
+            _pressed_at = time.monotonic()
+            deadline = _pressed_at + grace_s
+            _cancel_all()
+        if DROPPED[0] in got and deadline is not None:  # after the press it came with, if any
+            _redeliver()
+
+
+def _cancel_all() -> None:
+    empty: list[Callable[[], None] | None] = []
+    for cancel in _snapshot(lambda: [ref() for ref in _cancels], empty):
+        if cancel is None:
+            continue
+        with contextlib.suppress(Exception):  # a cancel that fails must not keep the others from running
+            cancel()
+
+
+def _own(count: int) -> int:
+    """How many of ``count`` SIGINTs read from the pipe were this process's redeliveries."""
+    global _redelivered
+    with _redelivered_lock:
+        own = min(count, _redelivered)
+        _redelivered -= own
+    return own
 
 
 def _snapshot(read: Callable[[], T], default: T) -> T:

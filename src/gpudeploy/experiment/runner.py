@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from .. import interrupt
 from ..apply.deploy import Options
 from ..apply.deployment import deploy
 from ..apply.teardown import teardown
@@ -262,6 +263,10 @@ def _variant(exp: Experiment, index: int, p: Planned, key: str, t: bench.Target,
         return
     say(f"== {v.name}: ready in {deploy_s:.1f} s; benchmark through {t.through}"
         + (" (stand-in engines: synthetic token timing)" if t.synthetic else ""))
+    # Said if Ctrl-C must end the command before it can report itself (interrupt.GRACE_S)
+    interrupt.note(f"experiment {v.name}", f"still running: {', '.join(u.key for u in p.plan.units)} (deployment "
+                   f"{dep}): `invoke teardown --inventory {shlex.quote(exp.inventory)} --deployment {dep}` stops "
+                   f"it; `invoke experiment --file {shlex.quote(exp.file)} --resume` goes on from here")
     broke: GpudeployError | None = None
     death = None
     try:
@@ -279,6 +284,7 @@ def _variant(exp: Experiment, index: int, p: Planned, key: str, t: bench.Target,
     except (KeyboardInterrupt, Interrupted):
         _interrupted(store, exp, p, key, t, "while tearing down", say)
         raise
+    interrupt.clear(f"experiment {v.name}")  # what teardown left, it says itself (below)
     if broke is None and death:
         store.finish_variant(key, "failed-under-load", failure=f"{death.unit}: {death.cause}")
         say(f"== {v.name}: FAILED UNDER LOAD: {death.unit}: {death.cause}")
