@@ -166,3 +166,41 @@ def test_an_interruption_raised_inside_a_weakref_callback_reaches_the_main_threa
     assert "caught" in out and "ran on" not in out, out + err
     assert proc.returncode == 130
     assert "interrupted again" not in err, err  # the redelivery is not taken for a second Ctrl-C
+
+
+
+HOOK_THEN_REDELIVERY = r"""
+import os, signal, threading, time
+from gpudeploy import interrupt
+interrupt.install(grace_s=60)
+try:  # the operator's Ctrl-C: the listener now knows a press is under way
+    os.kill(os.getpid(), signal.SIGINT)
+    while True:
+        time.sleep(0.01)
+except KeyboardInterrupt:
+    pass
+interrupt._in_hook = threading.get_ident()  # as if the main thread were still inside the unraisable hook
+try:
+    interrupt._raise(signal.SIGINT, None)  # the listener's redelivery of a dropped one, landing there
+    print("deferred", flush=True)
+except KeyboardInterrupt:
+    print("raised in the hook", flush=True)  # where Python would drop it again, for good
+interrupt._in_hook = None
+try:
+    for _ in range(500):
+        time.sleep(0.01)
+    print("ran on", flush=True)
+except KeyboardInterrupt:
+    print("caught", flush=True)
+interrupt.leave()
+"""
+
+
+def test_a_redelivery_that_lands_inside_the_hook_is_raised_once_the_hook_has_returned() -> None:
+    # CI lost one this way: the listener raised the dropped interruption again so quickly that the
+    # main thread was still in the hook ("Exception ignored in sys.unraisablehook"), which dropped it.
+    proc = subprocess.Popen([sys.executable, "-c", HOOK_THEN_REDELIVERY], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    out, err = proc.communicate(timeout=60)
+    assert "deferred" in out and "caught" in out and "ran on" not in out, out + err
+    assert "interrupted again" not in err, err

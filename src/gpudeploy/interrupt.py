@@ -21,7 +21,9 @@ in ...", through ``sys.unraisablehook``): a KeyboardInterrupt raised while the g
 one was lost that way under load (an experiment ran on in its benchmark and only the grace's exit
 ended it, without the store's "interrupted" or what still ran). So a KeyboardInterrupt the hook
 hears is raised again in the main thread at its next bytecode (``_thread.interrupt_main``), and the
-listener does not count that redelivery as a second Ctrl-C.
+listener does not count that redelivery as a second Ctrl-C. The redelivery can itself land while
+the main thread is still in the hook (the listener is quick), where it would be dropped again: the
+handler then hands it back to the listener instead of raising, until the hook has returned.
 
 A second Ctrl-C leaves at once. The host side never depends on us exiting cleanly: every lock
 holder lets go when its channel closes, every benchmark client runs under ``timeout``.
@@ -55,6 +57,8 @@ _installed = False
 _redelivered = 0  # SIGINTs this process raised itself (a swallowed KeyboardInterrupt, raised again)
 _redelivered_lock = threading.Lock()
 DROPPED = b"\xff"  # the unraisable hook's word to the listener (signal numbers are below 65)
+_hook_fd = -1  # where the hook and the handler write DROPPED (the wakeup pipe)
+_in_hook: int | None = None  # the thread running the unraisable hook now, if any
 
 
 def note(key: str, text: str) -> None:
@@ -105,6 +109,8 @@ def install(grace_s: float = GRACE_S) -> None:
     r, w = os.pipe()
     os.set_blocking(w, False)
     signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+    global _hook_fd
+    _hook_fd = w
     signal.signal(signal.SIGINT, _raise)
     sys.unraisablehook = _unraisable(sys.unraisablehook, w)
     threading.Thread(target=_listen, args=(r, grace_s), name="ctrl-c", daemon=True).start()
@@ -112,6 +118,10 @@ def install(grace_s: float = GRACE_S) -> None:
 
 
 def _raise(signum: int, frame: FrameType | None) -> None:
+    if _in_hook == threading.get_ident():  # raised here, it would be dropped like the one the hook heard
+        with contextlib.suppress(OSError):
+            os.write(_hook_fd, DROPPED)  # the listener raises it again, a moment later
+        return
     raise KeyboardInterrupt
 
 
@@ -120,11 +130,16 @@ def _unraisable(previous: Callable[[sys.UnraisableHookArgs], object], w: int
     """A hook that hands a dropped KeyboardInterrupt to the listener, which raises it again: not here,
     where the main thread is still inside the context that drops it."""
     def hook(args: sys.UnraisableHookArgs) -> None:
-        if args.exc_type is not None and issubclass(args.exc_type, KeyboardInterrupt):
-            with contextlib.suppress(OSError):
-                os.write(w, DROPPED)
-            return
-        previous(args)
+        global _in_hook
+        _in_hook = threading.get_ident()
+        try:
+            if args.exc_type is not None and issubclass(args.exc_type, KeyboardInterrupt):
+                with contextlib.suppress(OSError):
+                    os.write(w, DROPPED)
+                return
+            previous(args)
+        finally:
+            _in_hook = None
     return hook
 
 
