@@ -73,3 +73,28 @@ def test_a_death_the_state_poll_saw_first_is_explained_by_the_whole_run_log() ->
     res = gate_one(_Late(late_s=0.0, poll_first=True))
     assert not res.ok and res.cause is not None
     assert res.cause.kind == "mamba-state-does-not-fit", res.cause
+
+
+class _DiedInCapture:
+    """The stream brought the run up to its KV cache; the CUDA-graph capture and its OOM are only in
+    the journal when the state poll reports the death (a loaded run's canary said "allocating KV
+    cache" for a server that died capturing CUDA graphs)."""
+
+    @contextmanager
+    def watch(self, remote: Any, runs: list[Run], sinks: dict[str, Sink]) -> Iterator[None]:
+        sink = sinks[runs[0].unit]
+        threading.Thread(target=lambda: (sink.line(KV), sink.exited(
+            "Main process exited, status=1/FAILURE", from_log=False)), daemon=True).start()
+        yield None
+
+    def run_lines(self, remote: Any, run: Run) -> list[str]:
+        return [KV, "[2026-12-05 06:20:01 TP0] Capture cuda graph begin. This can take up to several minutes.",
+                "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."]
+
+
+KV = "[2026-12-05 06:20:00 TP0] KV Cache is allocated. dtype: torch.bfloat16, #tokens: 1209192"
+
+
+def test_a_death_the_state_poll_saw_first_reports_the_phase_its_whole_log_reached() -> None:
+    res = gate_one(_DiedInCapture())
+    assert not res.ok and res.phase == "capturing CUDA graphs", res

@@ -360,6 +360,10 @@ def _read_lines(remote: Transport, supervisor: Supervisor, watch: _Watch) -> Non
         return
     if len(lines) > len(watch.lines):
         watch.lines[:] = lines
+        for text in lines:  # the phase the run reached is in them too (set_phase never goes back)
+            phase = phase_of(ANSI.sub("", text), watch.fmt)
+            if phase:
+                watch.set_phase(phase)
 
 
 def _explained(lines: list[str], fmt: LogFormat) -> bool:
