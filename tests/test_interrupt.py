@@ -132,6 +132,16 @@ def test_ctrl_c_inside_the_thread_pools_lock_handoff_still_exits(tmp_path: Path)
 # runs them at any allocation) is dropped by Python ("Exception ignored in ..."): the loaded suite's
 # `invoke experiment` lost Ctrl-C that way inside WeakSet._remove and ran on in its benchmark until
 # the grace's exit, so its store never said "interrupted". Here the SIGINT lands inside one.
+# The end of a case: "caught" when the interruption reaches the main thread, "ran on" when it was lost.
+RAN_ON_OR_CAUGHT = r"""    for _ in range(500):
+        time.sleep(0.01)
+    print("ran on", flush=True)
+except KeyboardInterrupt:
+    print("caught", flush=True)
+interrupt.leave()
+"""
+
+
 IN_A_CALLBACK = r"""
 import time, weakref
 from gpudeploy import interrupt
@@ -150,13 +160,7 @@ thing = Thing()
 ref = weakref.ref(thing, callback)
 try:
     del thing  # the callback runs; the KeyboardInterrupt raised in it is dropped by Python
-    for _ in range(500):
-        time.sleep(0.01)
-    print("ran on", flush=True)
-except KeyboardInterrupt:
-    print("caught", flush=True)
-interrupt.leave()
-"""
+""" + RAN_ON_OR_CAUGHT
 
 
 def test_an_interruption_raised_inside_a_weakref_callback_reaches_the_main_thread(busy_cores: None) -> None:
@@ -187,13 +191,7 @@ except KeyboardInterrupt:
     print("raised in the hook", flush=True)  # where Python would drop it again, for good
 interrupt._in_hook = None
 try:
-    for _ in range(500):
-        time.sleep(0.01)
-    print("ran on", flush=True)
-except KeyboardInterrupt:
-    print("caught", flush=True)
-interrupt.leave()
-"""
+""" + RAN_ON_OR_CAUGHT
 
 
 def test_a_redelivery_that_lands_inside_the_hook_is_raised_once_the_hook_has_returned() -> None:
