@@ -57,7 +57,7 @@ _installed = False
 _redelivered = 0  # SIGINTs this process raised itself (a swallowed KeyboardInterrupt, raised again)
 _redelivered_lock = threading.Lock()
 DROPPED = b"\xff"  # the unraisable hook's word to the listener (signal numbers are below 65)
-_hook_fd = -1  # where the hook and the handler write DROPPED (the wakeup pipe)
+_wakeup_w = -1  # the wakeup pipe's write end: where DROPPED goes
 _in_hook: int | None = None  # the thread running the unraisable hook now, if any
 
 
@@ -103,30 +103,32 @@ def install(grace_s: float = GRACE_S) -> None:
     later, ends the process. The main thread only raises KeyboardInterrupt, so nothing that runs
     in it (a handler interrupting a lock's owner) can block the listener.
     """
-    global _installed
+    global _installed, _wakeup_w
     if _installed or threading.current_thread() is not threading.main_thread():
         return
     r, w = os.pipe()
     os.set_blocking(w, False)
     signal.set_wakeup_fd(w, warn_on_full_buffer=False)
-    global _hook_fd
-    _hook_fd = w
+    _wakeup_w = w
     signal.signal(signal.SIGINT, _raise)
-    sys.unraisablehook = _unraisable(sys.unraisablehook, w)
+    sys.unraisablehook = _unraisable(sys.unraisablehook)
     threading.Thread(target=_listen, args=(r, grace_s), name="ctrl-c", daemon=True).start()
     _installed = True
 
 
 def _raise(signum: int, frame: FrameType | None) -> None:
     if _in_hook == threading.get_ident():  # raised here, it would be dropped like the one the hook heard
-        with contextlib.suppress(OSError):
-            os.write(_hook_fd, DROPPED)  # the listener raises it again, a moment later
+        _hand_to_listener()  # which raises it again, a moment later
         return
     raise KeyboardInterrupt
 
 
-def _unraisable(previous: Callable[[sys.UnraisableHookArgs], object], w: int
-                ) -> Callable[[sys.UnraisableHookArgs], None]:
+def _hand_to_listener() -> None:
+    with contextlib.suppress(OSError):
+        os.write(_wakeup_w, DROPPED)
+
+
+def _unraisable(previous: Callable[[sys.UnraisableHookArgs], object]) -> Callable[[sys.UnraisableHookArgs], None]:
     """A hook that hands a dropped KeyboardInterrupt to the listener, which raises it again: not here,
     where the main thread is still inside the context that drops it."""
     def hook(args: sys.UnraisableHookArgs) -> None:
@@ -134,8 +136,7 @@ def _unraisable(previous: Callable[[sys.UnraisableHookArgs], object], w: int
         _in_hook = threading.get_ident()
         try:
             if args.exc_type is not None and issubclass(args.exc_type, KeyboardInterrupt):
-                with contextlib.suppress(OSError):
-                    os.write(w, DROPPED)
+                _hand_to_listener()
                 return
             previous(args)
         finally:

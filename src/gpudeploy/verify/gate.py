@@ -171,6 +171,12 @@ class _Watch:
         self.moved()
         self.on_phase(self.unit, phase, time.monotonic() - self.t0, "", None)
 
+    def reached(self, text: str) -> None:
+        """The phase a log line (ANSI codes removed) says the run reached, if it says one."""
+        phase = phase_of(text, self.fmt)
+        if phase:
+            self.set_phase(phase)
+
     # -- Sink ------------------------------------------------------------------------------------
     def line(self, text: str) -> None:
         if self.closed:
@@ -178,9 +184,7 @@ class _Watch:
         text = ANSI.sub("", text)  # sglang-router colours its log even without a terminal
         self.lines.append(text)
         self.moved()  # a line, and so a shard or a CUDA-graph batch, is progress
-        phase = phase_of(text, self.fmt)
-        if phase:
-            self.set_phase(phase)
+        self.reached(text)
         step = progress_of(text)
         if step is not None:
             self.on_phase(self.unit, self.phase, time.monotonic() - self.t0, step[0], step[1])
@@ -361,9 +365,7 @@ def _read_lines(remote: Transport, supervisor: Supervisor, watch: _Watch) -> Non
     if len(lines) > len(watch.lines):
         watch.lines[:] = lines
         for text in lines:  # the phase the run reached is in them too (set_phase never goes back)
-            phase = phase_of(ANSI.sub("", text), watch.fmt)
-            if phase:
-                watch.set_phase(phase)
+            watch.reached(ANSI.sub("", text))
 
 
 def _explained(lines: list[str], fmt: LogFormat) -> bool:
