@@ -1,0 +1,41 @@
+"""A lost connection says why it was lost: the host closed it, or the link's own error.
+
+Loaded run 8 of issue 20: a deploy's gate reported "lost the connection to lab1 ... the ssh
+connection was lost" and nothing more, so whether the host ended the session or the link broke
+could not be told afterwards. paramiko keeps the reason its transport ended; the words carry it.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import pytest
+from sshd_servers import ADDRESS, Servers
+from test_jump_hosts import _host
+
+from gpudeploy.errors import HostUnreachable
+from gpudeploy.remote.ssh import Remote
+
+
+def test_a_connection_the_host_closed_says_so(servers: Servers, tmp_path: Path) -> None:
+    server = servers.start("gpu")
+    known = tmp_path / "known_hosts"
+    known.write_text(server.known_line())
+    host = _host(ADDRESS, port=server.port, known_hosts=known, key=str(servers.client_key))
+    with Remote(host) as remote:
+        assert remote.run(["hostname"], timeout=10).stdout.strip() == "gpu"
+        server.proc.kill()  # the host's end of the connection goes with it
+        server.proc.wait(timeout=10)
+        transport = remote.conn.transport
+        assert transport is not None
+        deadline = time.monotonic() + 30
+        while transport.is_active():
+            assert time.monotonic() < deadline, "the client never saw the host's end of the connection"
+            time.sleep(0.02)
+        with pytest.raises(HostUnreachable) as lost:
+            remote.run(["hostname"], timeout=10)
+    # The kill ends the host's socket with a FIN or, with data unread, a reset: either is said.
+    assert re.search(r"the ssh connection was lost \((the host closed it|ConnectionResetError: .+)\)$",
+                     str(lost.value)), lost.value
