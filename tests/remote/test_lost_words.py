@@ -1,7 +1,7 @@
 """A lost connection says why it was lost: the host closed it, or the link's own error.
 
-Loaded run 8 of issue 20: a deploy's gate reported "lost the connection to lab1 ... the ssh
-connection was lost" and nothing more, so whether the host ended the session or the link broke
+Loaded runs 8 and 11 of issue 20: a deploy's gate reported "lost the connection to lab1 ... the
+ssh connection was lost" and nothing more, so whether the host ended the session or the link broke
 could not be told afterwards. paramiko keeps the reason its transport ended; the words carry it.
 """
 
@@ -39,3 +39,20 @@ def test_a_connection_the_host_closed_says_so(servers: Servers, tmp_path: Path) 
     # The kill ends the host's socket with a FIN or, with data unread, a reset: either is said.
     assert re.search(r"the ssh connection was lost \((the host closed it|ConnectionResetError: .+)\)$",
                      str(lost.value)), lost.value
+
+
+def test_a_connection_the_host_ended_says_the_hosts_words(servers: Servers, tmp_path: Path) -> None:
+    # sshd ends a connection with SSH_MSG_DISCONNECT and a reason ("Timeout, client not responding",
+    # "Connection corrupted"); paramiko only logs it. Each later command on the connection says it.
+    server = servers.start("gpu")
+    known = tmp_path / "known_hosts"
+    known.write_text(server.known_line())
+    host = _host(ADDRESS, port=server.port, known_hosts=known, key=str(servers.client_key))
+    with Remote(host) as remote:
+        with pytest.raises(HostUnreachable) as first:
+            remote.run(["disconnect"], timeout=10)
+        with pytest.raises(HostUnreachable) as later:
+            remote.run(["hostname"], timeout=10)
+    for lost in (first, later):
+        assert str(lost.value).endswith("the ssh connection was lost (the host ended it: Timeout, client not "
+                                        "responding from user root 127.0.0.1 port 40000)"), lost.value

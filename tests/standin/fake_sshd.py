@@ -4,7 +4,8 @@
 
 Prints ``listening`` once bound, then ``direct-tcpip ADDRESS PORT`` for each relay it opens.
 ``exec`` of ``true`` exits 0, ``hostname`` prints NAME, ``never-answer`` is a request the server
-never answers (a link that went down after the request left: no reply, no close), anything else
+never answers (a link that went down after the request left: no reply, no close), ``disconnect``
+ends the connection with SSH_MSG_DISCONNECT as sshd does ("Timeout, client not responding"), anything else
 exits 127; with ``--run``, anything else runs here under ``sh -c`` as a real sshd would run it
 (stdin, stdout, stderr and the exit status carried); ``exec`` is printed when it starts and
 ``exit RC`` when it ends.
@@ -133,6 +134,15 @@ def serve(conn: socket.socket, host_key: paramiko.PKey, authorized: paramiko.PKe
         command = server.commands.get(chanid, b"")
         if command == b"never-answer":
             continue  # left open: neither an answer nor a close
+        if command == b"disconnect":
+            bye = paramiko.Message()
+            bye.add_byte(paramiko.common.cMSG_DISCONNECT)
+            bye.add_int(11)  # SSH2_DISCONNECT_BY_APPLICATION, what sshd's packet_disconnect() sends
+            bye.add_string("Timeout, client not responding from user root 127.0.0.1 port 40000")
+            bye.add_string("")
+            transport._send_message(bye)
+            transport.close()
+            return
         if command == b"true":
             chan.send_exit_status(0)
         elif command == b"hostname":
