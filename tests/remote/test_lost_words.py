@@ -12,18 +12,24 @@ import time
 from pathlib import Path
 
 import pytest
-from sshd_servers import ADDRESS, Servers
+from sshd_servers import ADDRESS, Server, Servers
 from test_jump_hosts import _host
 
 from gpudeploy.errors import HostUnreachable
+from gpudeploy.model import Host
 from gpudeploy.remote.ssh import Remote
 
 
-def test_a_connection_the_host_closed_says_so(servers: Servers, tmp_path: Path) -> None:
+def _gpu(servers: Servers, tmp_path: Path) -> tuple[Server, Host]:
+    """A fake host "gpu" and the inventory host that reaches it, its key known."""
     server = servers.start("gpu")
     known = tmp_path / "known_hosts"
     known.write_text(server.known_line())
-    host = _host(ADDRESS, port=server.port, known_hosts=known, key=str(servers.client_key))
+    return server, _host(ADDRESS, port=server.port, known_hosts=known, key=str(servers.client_key))
+
+
+def test_a_connection_the_host_closed_says_so(servers: Servers, tmp_path: Path) -> None:
+    server, host = _gpu(servers, tmp_path)
     with Remote(host) as remote:
         assert remote.run(["hostname"], timeout=10).stdout.strip() == "gpu"
         server.proc.kill()  # the host's end of the connection goes with it
@@ -44,10 +50,7 @@ def test_a_connection_the_host_closed_says_so(servers: Servers, tmp_path: Path) 
 def test_a_connection_the_host_ended_says_the_hosts_words(servers: Servers, tmp_path: Path) -> None:
     # sshd ends a connection with SSH_MSG_DISCONNECT and a reason ("Timeout, client not responding",
     # "Connection corrupted"); paramiko only logs it. Each later command on the connection says it.
-    server = servers.start("gpu")
-    known = tmp_path / "known_hosts"
-    known.write_text(server.known_line())
-    host = _host(ADDRESS, port=server.port, known_hosts=known, key=str(servers.client_key))
+    _, host = _gpu(servers, tmp_path)
     with Remote(host) as remote:
         with pytest.raises(HostUnreachable) as first:
             remote.run(["disconnect"], timeout=10)
