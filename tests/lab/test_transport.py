@@ -10,9 +10,11 @@ from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
+import paramiko
 import pytest
 from conftest import Lab
 from deploytools import KEY, KNOWN_HOSTS
+from paramiko.common import MSG_CHANNEL_DATA, MSG_CHANNEL_EOF
 
 from gpudeploy.errors import HostUnreachable, RemoteError
 from gpudeploy.facts.probe import probe
@@ -48,6 +50,32 @@ def test_the_timeout_is_for_the_whole_command(lab: Lab) -> None:
             remote.run(["sh", "-c", "while true; do echo tick; sleep 0.1; done"], timeout=1)
         took = time.monotonic() - t0
     assert took < 10, took
+
+
+def test_a_command_that_exits_at_once_never_costs_the_connection(lab: Lab) -> None:
+    # paramiko sent our EOF (and stdin) after letting go of the channel's lock: when the command's
+    # exit (sshd's CLOSE) came in between, paramiko's answering CLOSE went first and sshd ended the
+    # whole connection, "ieof packet referred to nonexistent channel 2" (a loaded run's deploy lost
+    # lab2 that way). Here that gap is held open: each DATA or EOF waits until its channel is closed.
+    with Remote(_host(lab, "lab1")) as remote:
+        transport = remote.conn.transport
+        assert transport is not None
+        send = transport._send_user_message
+
+        def late(m: paramiko.Message) -> None:
+            raw = m.asbytes()
+            if raw[0] in (MSG_CHANNEL_DATA, MSG_CHANNEL_EOF):
+                rid = int.from_bytes(raw[1:5], "big")
+                chans = [c for c in list(transport._channels.values()) if c.remote_chanid == rid]
+                deadline = time.monotonic() + 2
+                while chans and not chans[0].closed and time.monotonic() < deadline:
+                    time.sleep(0.01)
+            send(m)
+
+        transport._send_user_message = late  # type: ignore[method-assign]
+        remote.run(["true"], timeout=30)
+        res = remote.run(["echo", "still here"], timeout=30)
+    assert res.stdout == "still here\n"
 
 
 def test_status_and_deploy_trust_exactly_the_same_keys(lab: Lab, tmp_path: Path, monkeypatch: pytest.MonkeyPatch

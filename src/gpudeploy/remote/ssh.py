@@ -26,7 +26,7 @@ from paramiko.common import OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED
 
 from ..errors import HostUnreachable, RemoteError
 from ..model import Host, SshConfig
-from . import hostfile, jumps, sshconfig, trust
+from . import chanorder, hostfile, jumps, sshconfig, trust
 from .base import ForwardingRefused, Result, command_line
 
 # paramiko logs each refused direct-tcpip channel (a health poll before the port is up) as an
@@ -231,11 +231,15 @@ class Remote:
         for conn in reversed(self.chain):
             conn.close()
 
-    def _lost(self) -> HostUnreachable:
+    def _lost(self, exc: BaseException | None = None) -> HostUnreachable:
         """The connection is gone: with the reason, so a cut link (a reset, a timeout) is told from a
         host that ended it (loaded runs 8 and 11 of issue 20 said only "lost", and why the
-        connection ended while an engine started could not be found afterwards)."""
+        connection ended while an engine started could not be found afterwards). ``exc``: what the
+        failed call raised ("Unable to open channel" when the host ended it in the middle), said
+        only when the connection itself has no reason."""
         transport = self.conn.transport
+        if exc is not None and transport is not None and transport.is_active():
+            return HostUnreachable(self.host.name, f"the ssh connection was lost: {exc}")
         said = _ended_by_host.get(transport) if transport is not None else None
         # (saved_exception, not get_exception(): that clears it, and every later caller says why too)
         why = getattr(transport, "saved_exception", None)
@@ -246,7 +250,7 @@ class Remote:
         elif why is not None:
             words = f"{type(why).__name__}: {why}".rstrip(": ")
         else:
-            return HostUnreachable(self.host.name, "the ssh connection was lost")
+            return HostUnreachable(self.host.name, "the ssh connection was lost" + (f": {exc}" if exc else ""))
         return HostUnreachable(self.host.name, f"the ssh connection was lost ({words})")
 
     def _session(self) -> paramiko.Channel:
@@ -255,12 +259,12 @@ class Remote:
             raise self._lost()
         try:
             chan: paramiko.Channel = transport.open_session(timeout=self.host.ssh.connect_timeout_s)
-            return chan
+            return chanorder.ordered(chan)
         except paramiko.ChannelException as exc:
             # sshd refused another session on this connection (MaxSessions): not a lost host.
             raise RemoteError(self.host.name, f"the host refused another ssh session: {exc}") from None
         except (paramiko.SSHException, OSError, EOFError) as exc:
-            raise HostUnreachable(self.host.name, f"the ssh connection was lost: {exc}") from None
+            raise self._lost(exc) from None
 
     def run(self, argv: list[str], *, stdin: bytes | None = None, timeout: float = 60.0,
             check: bool = True) -> Result:
@@ -303,7 +307,7 @@ class Remote:
         except (TimeoutError, ExecTimedOut):
             raise RemoteError(self.host.name, f"`{command[:120]}` did not finish within {timeout:g} s") from None
         except (paramiko.SSHException, OSError, EOFError) as exc:
-            raise HostUnreachable(self.host.name, f"the ssh connection was lost: {exc}") from None
+            raise self._lost(exc) from None
         finally:
             chan.close()
         if rc == -1 and not (self.conn.transport and self.conn.transport.is_active()):
@@ -325,7 +329,7 @@ class Remote:
                                   f"{self.host.ssh.connect_timeout_s:g} s") from None
         except (paramiko.SSHException, OSError, EOFError) as exc:
             chan.close()
-            raise HostUnreachable(self.host.name, f"the ssh connection was lost: {exc}") from None
+            raise self._lost(exc) from None
         return chan
 
     def open_tcp(self, address: str, port: int, timeout: float) -> paramiko.Channel:
@@ -343,9 +347,9 @@ class Remote:
                                         f"({exc.text or 'administratively prohibited'})") from None
             raise ConnectionRefusedError(f"{address}:{port} from {self.host.name}: {exc}") from None
         except (paramiko.SSHException, EOFError) as exc:
-            raise HostUnreachable(self.host.name, f"the ssh connection was lost: {exc}") from None
+            raise self._lost(exc) from None
         chan.settimeout(timeout)
-        return chan
+        return chanorder.ordered(chan)
 
     def put(self, path: str, data: bytes, mode: int) -> None:
         """Write ``path`` atomically in one round trip: a temp file in the same folder, created
