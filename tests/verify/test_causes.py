@@ -140,3 +140,35 @@ def test_a_hybrid_models_empty_kv_pool_names_the_mamba_strategy_not_the_fraction
 ])
 def test_phases_of_0523_and_059_lines(line: str, phase: str | None) -> None:
     assert phase_of(line) == phase
+
+
+# The real 0.5.23 CPU prefill's journal mid roll in a loaded lab run (the server lived on, /health 200,
+# while the requests whose KV this thread was to send hung for minutes).
+TRANSFER_THREAD_DIED = """\
+[2026-12-06 00:00:32] Prefill batch, #new-seq: 1, #new-token: 1, #cached-token: 4, token usage: 0.00
+Exception in thread Thread-5 (transfer_worker):
+Traceback (most recent call last):
+  File "/opt/gpudeploy/engines/sglang/venv/lib/python3.11/site-packages/sglang/srt/disaggregation/mooncake/conn.py", \
+line 2857, in transfer_worker
+    or self.check_status(kv_chunk.room) == KVPoll.Success
+  File "/opt/gpudeploy/engines/sglang/venv/lib/python3.11/site-packages/sglang/srt/disaggregation/common/conn.py", \
+line 609, in check_status
+    return self.request_status[bootstrap_room]
+KeyError: 658755885904621646
+During handling of the above exception, another exception occurred:
+Traceback (most recent call last):
+  File "/usr/lib/python3.11/threading.py", line 1038, in _bootstrap_inner
+    self.run()
+  File "/opt/gpudeploy/engines/sglang/venv/lib/python3.11/site-packages/sglang/srt/disaggregation/mooncake/conn.py", \
+line 2882, in transfer_worker
+    raise RuntimeError(
+RuntimeError: Transfer thread failed because of 658755885904621646. Prefill instance with bootstrap_port=8998 is dead.
+[2026-12-06 00:00:33] INFO:     10.231.0.13:57752 - "POST /generate HTTP/1.1" 200 OK""".splitlines()
+
+
+def test_a_prefill_whose_kv_transfer_thread_died_is_broken_though_it_lives_on() -> None:
+    assert [line for line in TRANSFER_THREAD_DIED if fatal_rule(line)] == [TRANSFER_THREAD_DIED[-2]]
+    cause = classify(TRANSFER_THREAD_DIED, exited=False)
+    assert cause is not None and cause.kind == "kv-transfer-thread-died"
+    assert "/health" in cause.summary and "hang" in cause.summary and "restart" in cause.next_step
+    assert "658755885904621646" in "\n".join(cause.evidence)  # the error it died of

@@ -265,6 +265,18 @@ RULES: tuple[Rule, ...] = (
                                   r"|ncclInternalError|ncclInvalidUsage)"),
          "NCCL failed between the TP workers",
          lambda s, f: "check the GPUs' health and NCCL_* settings (NCCL_DEBUG=INFO in the role's env shows more)"),
+    # A PD prefill whose KV transfer thread died: 0.5.23's mooncake transfer_worker turns any error into
+    # "RuntimeError: Transfer thread failed because of <error>. Prefill instance with bootstrap_port=N is
+    # dead." and ends, never restarted (disaggregation/mooncake/conn.py); the process and its /health live
+    # on while every transfer queued to that thread hangs (sgl-project/sglang#27162 describes the stall).
+    # Seen in a loaded lab run mid roll: "because of 658755885904621646", a KeyError of a room another
+    # thread had just cleared (conn.py checks `room not in request_status`, then reads it).
+    Rule("kv-transfer-thread-died", re.compile(r"Transfer thread failed because of .*Prefill instance with "
+                                               r"bootstrap_port=\d+ is dead"),
+         "the prefill's KV transfer thread died (SGLang's mooncake transfer_worker ends on its first error); "
+         "the server still answers /health, but the requests whose KV that thread was to send now hang",
+         lambda s, f: "restart this server (`invoke deploy` again, or teardown and deploy its role): nothing "
+                      "restarts the thread; the error it names is above"),
     # A server that was serving and then died (under load, typically): the scheduler's own exception.
     # Before worker-died: the launcher's "Received sigquit from a child process" follows it.
     Rule("cuda-illegal-memory-access", re.compile(r"CUDA error: an illegal memory access was encountered"),
