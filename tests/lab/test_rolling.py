@@ -105,6 +105,12 @@ def test_a_rolling_update_under_load_drops_no_request(lab: Lab, tmp_path: Path) 
         with Load(f"{ROUTER}/generate", clients=2) as load:
             res = gd("deploy", "--inventory", str(second), timeout=900)
         out = res.stdout + res.stderr
+        if res.returncode == 1 and "BROKEN while serving: the prefill's KV transfer thread died" in out:
+            # SGLang 0.5.23's own race (mooncake conn.py reads a room another thread has just cleared),
+            # seen once under two busy loops: no roll can keep those requests; saying so is the job.
+            print(evidence(lab, out, load, t0))
+            pytest.xfail("the real prefill's KV transfer thread died mid roll (SGLang 0.5.23's race); the roll "
+                         "named it instead of READY")
         assert res.returncode == 0, evidence(lab, out, load, t0)
         assert "rolling lab1/sglang-cpu-prefill, lab2/sglang-cpu-decode through lab3/sglang-cpu-router" in out, out
         failed = [s for s in load.sent if not s.ok]
@@ -178,6 +184,38 @@ def test_a_standin_pair_rolls_with_no_failed_request(deployments: Deployments, l
     assert res.returncode == 0, res.stdout + res.stderr
     failed = [s for s in load.sent if not s.ok]
     assert load.sent and failed == [], failed[:5]
+
+
+def test_an_engine_that_breaks_while_the_roll_goes_on_is_not_called_ready(deployments: Deployments, lab: Lab) -> None:
+    # A loaded run's real 0.5.23 prefill lost its KV transfer thread 30 s after its gate, while the
+    # decode rolled; it kept answering /health, the smoke generation took a path that worked, and the
+    # roll said READY while half the requests hung. Here the new prefill's thread dies once the roll
+    # has moved on to the decode.
+    roles = pd_roles()
+    inv = deployments.inventory("rbrk", roles, host="lab2", placed=["pre", "dec", "rt"])
+    assert gd("deploy", "--inventory", str(inv)).returncode == 0
+    trigger = "/run/gpudeploy-test-rbrk-thread-dies"
+    lab.ssh("lab2", f"rm -f {trigger}", check=True)
+    roles["pre"]["env"].update(GPUDEPLOY_TEST_VERSION="2", SGLANG_STANDIN_FAULT="transfer-thread-dies",
+                               SGLANG_STANDIN_FAULT_WHEN=trigger)
+    roles["dec"]["env"]["GPUDEPLOY_TEST_VERSION"] = "2"
+    inv = deployments.inventory("rbrk", roles, host="lab2", placed=["pre", "dec", "rt"])
+    proc = subprocess.Popen([sys.executable, "-m", "invoke", "--search-root", str(REPO), "deploy", "--inventory",
+                             str(inv)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if "lab2/pre is new and back in the router" in line:
+            lab.ssh("lab2", f"touch {trigger}", check=True)  # the decode's roll is still to come
+            break
+    seen += proc.stdout.readlines()
+    out = "".join(seen)
+    assert proc.wait(timeout=300) == 1, out
+    assert "lab2/dec is new and back in the router" in out, out  # it broke after its own step
+    assert "[lab2/pre] BROKEN while serving: the prefill's KV transfer thread died" in out, out
+    assert "lab2/pre broke after its start, while the roll went on" in out and "restart this server" in out, out
+    assert "READY" not in out.split("deployment rbrk:")[-1].splitlines()[0], out
 
 
 def test_ctrl_c_mid_roll_says_what_is_left_and_the_next_deploy_finishes_the_roll(deployments: Deployments,

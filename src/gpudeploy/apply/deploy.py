@@ -43,6 +43,7 @@ class UnitOutcome:
     gate: GateResult | None = None
     message: str = ""
     pids: list[int] = field(default_factory=list)
+    run: Run | None = None  # the start this deploy made, where it made one
 
     @property
     def left_running(self) -> bool:
@@ -183,6 +184,7 @@ def start_and_gate(remote: Transport, supervisor: Supervisor, units: list[Unit],
         except GpudeployError as exc:
             outcomes[u.name] = UnitOutcome(u, "failed", False, run.main_pid, gates[u.name],
                                            message=f"after the gate: {exc}")
+        outcomes[u.name].run = run
         if not outcomes[u.name].left_running:
             interrupt.clear(u.key)  # ready, or failed and dealt with: nothing left half done there
     return [outcomes[u.name] for u in units]

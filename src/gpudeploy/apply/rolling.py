@@ -40,6 +40,7 @@ from ..remote.base import Transport
 from ..supervisor.base import Supervisor, UnitState
 from ..verify import router_api
 from ..verify.smoke import smoke_test
+from .after_roll import broken_since_start
 from .deploy import Options, UnitOutcome, desired_files, file_hashes, start_and_gate
 from .order import upstreams_of
 from .surges import KINDS, SURGE_SUFFIX, shifted
@@ -239,6 +240,13 @@ def _roll(plan: Plan, units: list[Unit], changed: list[Unit], router: Unit, sess
             else "ok" if res.ok else f"FAILED: {res.message}"))
         if not res.ok:
             out.fail(f"the smoke generation through {router.key} failed after the roll: {res.message}")
+    if out.ok:
+        def host_of(name: str) -> tuple[Transport, Supervisor]:
+            return sessions[name].remote, sessions[name].supervisor
+
+        for o, cause in broken_since_start(out.outcomes, host_of):
+            say(f"[{o.unit.host.name}/{o.unit.role.name}] BROKEN while serving: {cause.summary}")
+            out.fail(f"{o.unit.key} broke after its start, while the roll went on: {cause.summary}; {cause.next_step}")
 
 
 def _step(out: Roll, text: str) -> None:

@@ -23,8 +23,8 @@ Environment contract (all optional):
   SGLANG_STANDIN_GPU_PROCS_DIR      fake-NVML process records (/run/gpudeploy-lab/gpu-procs)
   SGLANG_STANDIN_FAULT              fault to inject, see ``FAULTS``
   SGLANG_STANDIN_FAULT_AFTER        seconds, for faults that happen after a delay
-  SGLANG_STANDIN_FAULT_WHEN         a path: crash-after-ready waits for it to exist instead (a test
-                                    says when, so no delay races the deploy's own gate)
+  SGLANG_STANDIN_FAULT_WHEN         a path: crash-after-ready and transfer-thread-dies wait for it to exist
+                                    instead (a test says when, so no delay races the deploy's own gate)
   GPUDEPLOY_LAB_GPUS                GPU inventory JSON (/etc/gpudeploy-lab/gpus.json)
   CUDA_VISIBLE_DEVICES              indices or GPU UUIDs; rank r uses entry base_gpu_id + r * gpu_id_step
 
@@ -78,6 +78,11 @@ Faults (SGLANG_STANDIN_FAULT; an unknown name exits 2):
   crash-after-requests  dies under load: ready and serving; once it has taken SGLANG_STANDIN_FAULT_AFTER
                      generation requests (10), rank 0 logs the same CUDA illegal memory access and the
                      server dies (exit -9; the smoke generation before is request 1)
+  transfer-thread-dies  ready, then after SGLANG_STANDIN_FAULT_AFTER s (1), or once the file
+                     SGLANG_STANDIN_FAULT_WHEN exists, a prefill prints 0.5.23's death of
+                     its mooncake transfer_worker thread ("RuntimeError: Transfer thread failed because of
+                     ... Prefill instance with bootstrap_port=P is dead.") and goes on serving, as the real
+                     one does (its transfers then hang; the stand-in's do not)
   ignore-sigterm     launcher and workers ignore SIGTERM
   worker-dies        rank 1 (0 at TP1) is SIGKILLed mid capture: "Rank 1 scheduler is dead. ..." exit 1
   leak-worker        the last rank double-forks into a new session and outlives the launcher,
@@ -112,6 +117,7 @@ FAULTS = (
     "hang",
     "hang-warmup",
     "crash-after-ready",
+    "transfer-thread-dies",
     "crash-after-requests",
     "ignore-sigterm",
     "worker-dies",

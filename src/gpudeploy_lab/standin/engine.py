@@ -813,6 +813,8 @@ class Engine:
         warm_until: float | None = None
         crash_at: float | None = None
         crashed = False
+        thread_dies_at: float | None = None
+        thread_died = False
         while True:
             if self.stop.is_set():
                 return self.shutdown()
@@ -869,6 +871,14 @@ class Engine:
                 emit("The server is fired up and ready to roll!")  # the launcher's line: no rank tag
                 if self.fault == "crash-after-ready" and not os.environ.get("SGLANG_STANDIN_FAULT_WHEN"):
                     crash_at = now + env_float("SGLANG_STANDIN_FAULT_AFTER", 1.0)
+                if self.fault == "transfer-thread-dies" and not os.environ.get("SGLANG_STANDIN_FAULT_WHEN"):
+                    thread_dies_at = now + env_float("SGLANG_STANDIN_FAULT_AFTER", 1.0)
+            trigger = os.environ.get("SGLANG_STANDIN_FAULT_WHEN")
+            if (self.fault == "transfer-thread-dies" and not thread_died and self.state.phase == "ready"
+                    and (os.path.exists(trigger) if trigger else thread_dies_at is not None and now >= thread_dies_at)):
+                thread_died = True
+                port = as_int(self.ns.__dict__.get("disaggregation_bootstrap_port"), 8998)
+                raw(TRANSFER_THREAD_DIES.format(port=port))
             if (self.fault == "crash-after-requests" and not crashed and self.state.phase == "ready"
                     and self.state.requests >= env_float("SGLANG_STANDIN_FAULT_AFTER", 10.0)):
                 crash_at = now
@@ -886,6 +896,26 @@ class Engine:
                 self.events.get_nowait()
             except queue.Empty:
                 return
+
+
+# 0.5.23's words when a prefill's mooncake transfer_worker thread dies (threading's excepthook, no
+# log prefix), as a loaded lab run of the real CPU server printed them mid roll; the server lives on.
+TRANSFER_THREAD_DIES = """Exception in thread Thread-5 (transfer_worker):
+Traceback (most recent call last):
+  File "/opt/sglang/srt/disaggregation/mooncake/conn.py", line 2857, in transfer_worker
+    or self.check_status(kv_chunk.room) == KVPoll.Success
+  File "/opt/sglang/srt/disaggregation/common/conn.py", line 609, in check_status
+    return self.request_status[bootstrap_room]
+           ~~~~~~~~~~~~~~~~~~~^^^^^^^^^^^^^^^^
+KeyError: 658755885904621646
+During handling of the above exception, another exception occurred:
+Traceback (most recent call last):
+  File "/usr/lib/python3.11/threading.py", line 1038, in _bootstrap_inner
+    self.run()
+  File "/opt/sglang/srt/disaggregation/mooncake/conn.py", line 2882, in transfer_worker
+    raise RuntimeError(
+RuntimeError: Transfer thread failed because of 658755885904621646. Prefill instance with bootstrap_port={port} \
+is dead."""
 
 
 class BootstrapHandler(api.BaseHandler):
