@@ -8,6 +8,7 @@ import re
 import signal
 import socket
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -164,6 +165,12 @@ def test_a_stopped_scheduler_answers_neither_server_info_nor_health(ready_engine
     assert len(ranks) == 2 and http_get(port, "/server_info")[0] == 200  # type: ignore[index]
     os.kill(ranks[1], signal.SIGSTOP)
     try:
+        # A rank waiting for a CPU stops only once it runs (under two busy loops, after the request was
+        # answered: a loaded run's one failure); the test is about a rank that has stopped.
+        deadline = time.monotonic() + 30
+        while Path(f"/proc/{ranks[1]}/stat").read_text().rsplit(")", 1)[-1].split()[0] not in ("T", "t"):
+            assert time.monotonic() < deadline, "the rank did not stop within 30 s"
+            time.sleep(0.01)
         with pytest.raises(TimeoutError):
             http_get(port, "/server_info", timeout=1.0)
     finally:
