@@ -125,7 +125,7 @@ def deploy(plan: Plan, opts: Options, store: CalibrationStore | None = None,
             result.deployments[d].batch = number
         if len(plan_batches) > 1:
             say(f"-- batch {number} of {len(plan_batches)}{' (canary)' if number == 1 else ''}: {', '.join(batch)}")
-        _batch(plan, units, secrets, renderer, opts, cancel, result, outcomes)
+        _batch(plan, units, secrets, renderer, opts, cancel, result, outcomes, store)
         tried += len(batch)
         failed += sum(1 for d in batch if not result.deployments[d].ok)
         if opts.serial and number < len(plan_batches) and rollout.over_budget(failed, tried, opts.max_fail_percent):
@@ -136,15 +136,15 @@ def deploy(plan: Plan, opts: Options, store: CalibrationStore | None = None,
                 result.deployments[d] = DeploymentOutcome(d, ok=False, failure=why, untouched=True)
             say(f"-- {why}; left untouched: {', '.join(rest)}")
             break
-    if store is not None:
-        calibrate(store, outcomes.values())
     _collect(result, [u for u in all_units if not result.deployments[u.deployment].untouched], outcomes)
     return result
 
 
 def _batch(plan: Plan, units: list[Unit], secrets: dict[str, str], renderer: Renderer, opts: Options,
-           cancel: Cancel, result: DeployResult, outcomes: dict[str, UnitOutcome]) -> None:
-    """One batch of deployments: their hosts connected and locked for it, then the phases."""
+           cancel: Cancel, result: DeployResult, outcomes: dict[str, UnitOutcome],
+           store: CalibrationStore | None) -> None:
+    """One batch of deployments: their hosts connected and locked for it, then the phases; what its
+    engines measured is kept before the connections close."""
     hosts = list({u.host.name: u.host for u in units}.values())
     with ExitStack() as stack:
         show_progress(Board())
@@ -152,6 +152,10 @@ def _batch(plan: Plan, units: list[Unit], secrets: dict[str, str], renderer: Ren
         try:
             sessions = _open(hosts, units, opts, cancel, stack, result)
             _run(plan, sessions, units, secrets, renderer, opts, cancel, result, outcomes)
+            if store is not None:
+                # Before the connections close: closing 64 of them wakes 64 paramiko threads that
+                # wind down on the GIL, and the store's write waited 0.05-0.7 s behind them.
+                calibrate(store, [outcomes[u.key] for u in units if u.key in outcomes])
         except Interrupted as exc:
             for host, res in exc.results.items():
                 if isinstance(res, GpudeployError):
@@ -307,13 +311,14 @@ def _run(plan: Plan, sessions: dict[str, HostSession], units: list[Unit], secret
 
     def wave(routers: bool) -> None:
         links = GroupLinks(u for us in to_start.values() for u in us)
+        starts = {name: mine for name, us in to_start.items()
+                  if (mine := [u for u in us if ok(u) and (u.role.engine == "sglang_router") == routers
+                               and (not routers or all(outcomes.get(e.key) and outcomes[e.key].ok
+                                                       for e, _ in upstreams_of(u, units)))])}
 
         def one(host: Host) -> None:
             s = sessions[host.name]
-            mine = [u for u in to_start.get(host.name, [])
-                    if ok(u) and (u.role.engine == "sglang_router") == routers
-                    and (not routers or all(outcomes.get(e.key) and outcomes[e.key].ok
-                                            for e, _ in upstreams_of(u, units)))]
+            mine = starts[host.name]
             try:
                 gated = start_and_gate(s.remote, s.supervisor, mine, s.files, s.states, opts, cancel, links)
             except Exception:
@@ -322,7 +327,7 @@ def _run(plan: Plan, sessions: dict[str, HostSession], units: list[Unit], secret
                 raise
             for o in gated:
                 outcomes[o.unit.key] = o
-        _phase(sessions, one, units, result, cancel)
+        _phase(sessions, one, units, result, cancel, only=set(starts))
         for o in _group_first(list(outcomes.values())):
             if not o.ok and deps[o.unit.deployment].ok and not o.action.startswith("would"):
                 deps[o.unit.deployment].fail(f"{rank_words(o.unit)} {o.action}"
@@ -331,20 +336,23 @@ def _run(plan: Plan, sessions: dict[str, HostSession], units: list[Unit], secret
     wave(routers=False)
     wave(routers=True)
 
+    def smokes(s: HostSession) -> list[Unit]:
+        return [u for u in s.units
+                if u.role.engine == "sglang_router" and u.role.smoke is not None and ok(u) and outcomes.get(u.key)]
+
     def smoke(host: Host) -> None:
         s = sessions[host.name]
-        for u in s.units:
-            if u.role.engine == "sglang_router" and u.role.smoke is not None and ok(u) and outcomes.get(u.key):
-                res = smoke_test(u, [e for e, _ in upstreams_of(u, units)], via=s.remote)
-                deps[u.deployment].smoke.append((u, res))
-                ttft = f"TTFT {res.ttft_s:.3f} s, " if res.ttft_s is not None else ""
-                say(f"[{host.name}/{u.role.name}] smoke {res.endpoint}: "
-                    + (f"{ttft}total {res.total_s:.3f} s: {res.text.strip()[:60]!r}" if res.ok else
-                       f"FAILED: {res.message}"))
-                if not res.ok:
-                    deps[u.deployment].fail(f"the smoke generation through {u.key} failed: {res.message}")
+        for u in smokes(s):
+            res = smoke_test(u, [e for e, _ in upstreams_of(u, units)], via=s.remote)
+            deps[u.deployment].smoke.append((u, res))
+            ttft = f"TTFT {res.ttft_s:.3f} s, " if res.ttft_s is not None else ""
+            say(f"[{host.name}/{u.role.name}] smoke {res.endpoint}: "
+                + (f"{ttft}total {res.total_s:.3f} s: {res.text.strip()[:60]!r}" if res.ok else
+                   f"FAILED: {res.message}"))
+            if not res.ok:
+                deps[u.deployment].fail(f"the smoke generation through {u.key} failed: {res.message}")
 
-    _phase(sessions, smoke, units, result, cancel)
+    _phase(sessions, smoke, units, result, cancel, only={n for n, s in sessions.items() if smokes(s)})
     _clean_up_failures(sessions, units, opts, result, outcomes, cancel)
     _restore_previous(sessions, units, opts, result, outcomes, cancel)
     if kept:
@@ -448,9 +456,11 @@ def _group_first(outcomes: list[UnitOutcome]) -> list[UnitOutcome]:
 
 
 def _phase(sessions: dict[str, HostSession], fn: Any, units: list[Unit], result: DeployResult,
-           cancel: Cancel) -> None:
-    """Run ``fn(host)`` on every live host in parallel; a host that fails drops out of the run."""
-    for name, res in for_each_host([s.host for s in sessions.values()], fn, cancel).items():
+           cancel: Cancel, only: set[str] | None = None) -> None:
+    """Run ``fn(host)`` on every live host in parallel (``only``: just those hosts, the others have
+    nothing to do in this phase); a host that fails drops out of the run."""
+    hosts = [s.host for s in sessions.values() if only is None or s.host.name in only]
+    for name, res in for_each_host(hosts, fn, cancel).items():
         if isinstance(res, GpudeployError):
             _host_failed(result, units, name, res)
             sessions.pop(name)

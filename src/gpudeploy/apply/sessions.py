@@ -15,7 +15,7 @@ from typing import Any
 from ..errors import GpudeployError
 from ..fanout import Cancel, for_each_host, say
 from ..model import Host
-from ..remote import connect
+from ..remote import closing, connect
 from ..remote.base import Transport
 from ..supervisor import for_host
 from ..supervisor.base import Supervisor
@@ -54,7 +54,7 @@ def open_sessions(hosts: list[Host], lock_wait_s: float, cancel: Cancel | None, 
             errors[name] = res
         else:
             remotes[name] = res
-            stack.callback(res.close)
+            stack.callback(closing.later, res.close)  # after the report, in a command
     reachable = [h for h in hosts if h.name in remotes]
     locks: dict[str, HostLock | GpudeployError] = dict(for_each_host(
         reachable, lambda h: HostLock(remotes[h.name], 0, None, cancel, specs.get(h.name)).__enter__(), cancel))

@@ -149,6 +149,7 @@ def deploy(c: Context, host: str | None = None, inventory: str | None = None, ro
     from ..apply.deployment import deploy as run_deploy
     from ..apply.rollout import parse_serial
     from ..fanout import Interrupted
+    from ..remote import closing
     from ..report import deploy_records, deploy_summary, interrupted_text
 
     timeout_s = seconds(timeout, "--timeout")
@@ -171,22 +172,23 @@ def deploy(c: Context, host: str | None = None, inventory: str | None = None, ro
     opts = Options(force=force, timeout_s=timeout_s, keep_on_failure=keep_on_failure, check=check,
                    serial=batches, max_fail_percent=budget, allow_downtime=allow_downtime,
                    rolling="always" if rolling else "never" if no_rolling else "auto")
-    try:
-        with redirect_stdout(say_to):
-            result = run_deploy(p, opts, None if check else calibration())
-    except Interrupted as exc:
-        print(deploy_summary(exc.results)[0])
-        print(interrupted_text(exc.results))
-        interrupt.leave(130)
-    text, ok = deploy_summary(result)
-    records = deploy_records(result)
-    if not check:
-        last.save(inventory, records)
-    if json_:
-        json.dump(records, sys.stdout, indent=2)
-        sys.stdout.write("\n")
-    else:
-        print(text)
+    with closing.after_report():  # the hosts' connections close once the report is out
+        try:
+            with redirect_stdout(say_to):
+                result = run_deploy(p, opts, None if check else calibration())
+        except Interrupted as exc:
+            print(deploy_summary(exc.results)[0])
+            print(interrupted_text(exc.results))
+            interrupt.leave(130)
+        text, ok = deploy_summary(result)
+        records = deploy_records(result)
+        if not check:
+            last.save(inventory, records)
+        if json_:
+            json.dump(records, sys.stdout, indent=2)
+            sys.stdout.write("\n")
+        else:
+            print(text)
     if not ok:
         raise Exit(code=1)
 
