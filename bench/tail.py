@@ -102,6 +102,14 @@ def _cgroup_cpu(root: Path) -> dict[str, float]:
     return out
 
 
+def _children() -> list[int]:
+    """The processes this process's main thread started (fleet.run's Popen runs there)."""
+    try:
+        return [int(x) for x in Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").read_text().split()]
+    except OSError:
+        return []
+
+
 def _proc_cpu(pid: int) -> float:
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -110,10 +118,10 @@ def _proc_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-STEPS = (("last /health 200 seen", "_poll_health:end", "last"), ("its ready record written", "write_ready:end", "last"),
-         ("host locks released", "__exit__:end", "last"), ("calibration store written", "put_many:end", "last"),
-         ("connections closed", "close:end", "last"), ("report made", "deploy_summary:end", "last"),
-         ("interpreter exit begins", "atexit", "last"))
+STEPS = (("last /health 200 seen", "_poll_health:end"), ("its ready record written", "write_ready:end"),
+         ("host locks released", "__exit__:end"), ("calibration store written", "put_many:end"),
+         ("connections closed", "close:end"), ("report made", "deploy_summary:end"),
+         ("interpreter exit begins", "atexit"))
 
 
 def main() -> None:
@@ -150,7 +158,7 @@ def main() -> None:
                 sampler = _Sampler(F.lab_cpu_s, root_cg)
                 argv = [sys.executable, __file__, "--instrumented", str(events_path), "--search-root", str(F.REPO),
                         "deploy", "--inventory", str(fl.good)]
-                res = _run_watching_pid(F.run, argv, F.gd_env(state), sampler.child)
+                res = F.run(argv, env=F.gd_env(state), timeout=600)
                 end = time.time() - (time.monotonic() - (res.started + res.wall_s))
                 sampler.stop(after_s=0.3)  # what the hosts did right after the exit, too
                 hosts_cpu, own_cpu, groups = sampler.hosts_cpu, sampler.own_cpu, sampler.groups
@@ -184,7 +192,6 @@ class _Sampler:
         self.hosts_cpu: list[tuple[float, float]] = []
         self.own_cpu: list[tuple[float, float]] = []
         self.groups: list[tuple[float, dict[str, float]]] = []
-        self.child: dict[str, int] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -194,8 +201,8 @@ class _Sampler:
         while not self._stop.wait(0.02):  # bounded: stop() ends it
             now = time.time()
             self.hosts_cpu.append((now, self.lab_cpu()))
-            if "pid" in self.child:
-                self.own_cpu.append((now, _proc_cpu(self.child["pid"])))
+            for pid in _children():  # the deploy: this process's only child while it runs
+                self.own_cpu.append((now, _proc_cpu(pid)))
             if k % 12 == 0:
                 self.groups.append((now, _cgroup_cpu(self.root)))
             k += 1
@@ -204,24 +211,6 @@ class _Sampler:
         self._stop.wait(after_s)
         self._stop.set()
         self._thread.join(timeout=5)
-
-
-def _run_watching_pid(run: Any, argv: list[str], env: dict[str, str], child: dict[str, int]) -> Any:
-    """``fleet.run`` with the child's PID handed to the sampler as soon as it exists."""
-    import subprocess
-
-    popen = subprocess.Popen
-
-    class Seen(popen):  # type: ignore[misc,valid-type]
-        def __init__(self, *a: Any, **k: Any) -> None:
-            super().__init__(*a, **k)
-            child["pid"] = self.pid
-
-    subprocess.Popen = Seen  # type: ignore[misc]
-    try:
-        return run(argv, env=env, timeout=600)
-    finally:
-        subprocess.Popen = popen  # type: ignore[misc]
 
 
 def _at(series: list[tuple[float, float]], t: float) -> float:
@@ -233,7 +222,7 @@ def _at(series: list[tuple[float, float]], t: float) -> float:
 def _round(number: int, t0: float, end: float, events: list[Any], hosts_cpu: list[tuple[float, float]],
            own_cpu: list[tuple[float, float]], groups: list[tuple[float, dict[str, float]]]) -> dict[str, Any]:
     steps: dict[str, float] = {}
-    for label, what, _ in STEPS:
+    for label, what in STEPS:
         times = [t for t, w, _ in events if w == what]
         if times:
             steps[label] = max(times) - t0
