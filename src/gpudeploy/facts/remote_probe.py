@@ -239,15 +239,43 @@ VERSION_SCRIPT = (
 
 def versions(wanted: dict[str, list[str]]) -> dict[str, Any]:
     """python -> {package: version or None}: the engines a role's interpreter would run."""
-    out: dict[str, Any] = {}
+    answers: dict[str, Any] = versions_start(wanted)()
+    return answers
+
+
+def versions_start(wanted: dict[str, list[str]], timeout: float = 30.0) -> Any:
+    """``versions``, begun now: each interpreter asked at once, in its own process; returns the function
+    that waits for their answers. Starting a python and importlib.metadata's search take ~70 ms on a
+    lab host, most of deploy's probe: the probe reads every other fact meanwhile (issue 26)."""
+    procs: dict[str, Any] = {}
     for python, packages in wanted.items():
         try:
-            res = subprocess.run([python, "-c", VERSION_SCRIPT, *packages], capture_output=True, text=True,
-                                 timeout=30, check=False)
-            out[python] = json.loads(res.stdout) if res.returncode == 0 else {"error": res.stderr.strip()[-200:]}
-        except (OSError, ValueError, subprocess.TimeoutExpired) as exc:
-            out[python] = {"error": str(exc)}
-    return out
+            procs[python] = subprocess.Popen([python, "-c", VERSION_SCRIPT, *packages], stdin=subprocess.DEVNULL,
+                                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        except OSError as exc:
+            procs[python] = exc
+    deadline = time.monotonic() + timeout
+
+    def answers() -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for python, proc in procs.items():
+            if isinstance(proc, OSError):
+                out[python] = {"error": str(proc)}
+                continue
+            try:
+                stdout, stderr = proc.communicate(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired as exc:
+                proc.kill()  # our own child, by its PID
+                proc.communicate()
+                out[python] = {"error": str(exc)}
+                continue
+            try:
+                out[python] = json.loads(stdout) if proc.returncode == 0 else {"error": stderr.strip()[-200:]}
+            except ValueError as exc:
+                out[python] = {"error": str(exc)}
+        return out
+
+    return answers
 
 
 def find_pythons(candidates: list[str], limit: int = 16) -> list[str]:
@@ -508,6 +536,7 @@ def _process_host() -> Any:
 
 def main(spec: dict[str, Any]) -> dict[str, Any]:
     http = http_start(spec["http"], float(spec.get("http_timeout", 2.0))) if spec.get("http") else dict
+    engine_versions = versions_start(spec["versions"]) if spec.get("versions") else dict
     names = list(spec.get("units", []))
     for deployment in spec.get("deployments", []):
         names += [n for n in deployment_units(str(deployment)) if n not in names]
@@ -552,7 +581,7 @@ def main(spec: dict[str, Any]) -> dict[str, Any]:
         "reach": reach(spec["reach"]) if spec.get("reach") else [],
         "topology": cpu_topology() if spec.get("topology") else None,
         "init": init_system(),
-        "versions": versions(spec["versions"]) if spec.get("versions") else {},
+        "versions": engine_versions(),  # begun second, as the GETs: their processes ran meanwhile
         "engines": engines(spec["engines"]) if spec.get("engines") else {},
         "help": {f"{p} {m}": help_text(p, m) for p, m in spec.get("help", [])},
         "http": http(),  # begun first: the other facts were read while the servers answered
