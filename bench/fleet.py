@@ -58,6 +58,7 @@ Output: a table on stdout, raw results in ``<out>/fleet-<date>.json`` and one pl
 from __future__ import annotations
 
 import argparse
+import compileall
 import contextlib
 import datetime
 import io
@@ -424,7 +425,7 @@ def parallel_wall(argvs: list[list[str]], timeout: float = 120) -> float:
     return wall
 
 
-def floor(fleet: Fleet, masters: Path) -> dict[str, float]:
+def floor(fleet: Fleet, masters: Path, before_each: Callable[[], None] = lambda: None) -> dict[str, float]:
     """What plain OpenSSH does on these hosts now (the lab's ssh options, OpenSSH's defaults otherwise:
     its own key exchange): N parallel ``ssh host true`` on fresh connections, the same over control
     masters opened beforehand (untimed), and one ``systemctl show`` of each host's unit (what status
@@ -443,8 +444,10 @@ def floor(fleet: Fleet, masters: Path) -> dict[str, float]:
             a[1:1] = via_master(h)
         return a
 
-    out = {"floor_ssh": parallel_wall([argv(h, "true", False) for h in fleet.hosts]),
-           "floor_state": parallel_wall([argv(h, show[h], False) for h in fleet.hosts])}
+    before_each()
+    out = {"floor_ssh": parallel_wall([argv(h, "true", False) for h in fleet.hosts])}
+    before_each()
+    out["floor_state"] = parallel_wall([argv(h, show[h], False) for h in fleet.hosts])
     masters.mkdir(parents=True, exist_ok=True)
     opened = []
     try:
@@ -457,7 +460,9 @@ def floor(fleet: Fleet, masters: Path) -> dict[str, float]:
             subprocess.run(a, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                            timeout=60, check=True)
             opened.append(h)
+        before_each()
         out["floor_ssh_master"] = parallel_wall([argv(h, "true", True) for h in fleet.hosts])
+        before_each()
         out["floor_state_master"] = parallel_wall([argv(h, show[h], True) for h in fleet.hosts])
     finally:
         for h in opened:  # the masters this function started, each by its own control socket
@@ -494,7 +499,13 @@ def measure(tool: Tool, fleet: Fleet, state: Path, log: Callable[[str], None]) -
         return r.wall_s
 
     gd = tool.name == "gpudeploy"
+    waits: dict[str, Any] = {}
+
+    def quiet(before: str, engines: int) -> None:
+        waits[before] = settle(before, engines, limit_s=30)
+
     # first deploy, and when readiness was noticed
+    quiet("deploy", 0)
     r = tool.deploy(fleet, "good", state)
     end_real = time.time() - (time.monotonic() - (r.started + r.wall_s))
     ok = r.rc == 0
@@ -509,6 +520,7 @@ def measure(tool: Tool, fleet: Fleet, state: Path, log: Callable[[str], None]) -
         rec["ready"] = end_real - (max(ready) + HEALTH_ANSWER_S)
         rec["ready_spread_s"] = max(ready) - min(ready)
     # redeploy, nothing changed: no unit restarted
+    quiet("redeploy", fleet.n)
     r = tool.deploy(fleet, "good", state)
     same = ok and runs_now(fleet) == before
     recap = [int(x) for x in re.findall(r"\bchanged=(\d+)", r.out)]
@@ -517,13 +529,17 @@ def measure(tool: Tool, fleet: Fleet, state: Path, log: Callable[[str], None]) -
     rec["redeploy"] = keep("redeploy", r, r.rc == 0 and same and unchanged)
     # the floor, right before status, with the same units running (measured in gpudeploy's turn)
     if gd and ok:
-        rec.update(floor(fleet, state / "masters"))
+        quiet("floor", fleet.n)
+        rec.update(floor(fleet, state / "masters", lambda: quiet("floor, each part", fleet.n)))
     # status, twice
+    quiet("status", fleet.n)
     r = tool.status(fleet, state)
     rec["status"] = keep("status", r, r.rc == 0)
+    quiet("status_warm", fleet.n)
     r = tool.status(fleet, state)
     rec["status_warm"] = keep("status_warm", r, r.rc == 0)
     # teardown: nothing of it left
+    quiet("teardown", fleet.n)
     r = tool.teardown(fleet, "good", state)
     left = leftovers(fleet)
     rec["teardown"] = keep("teardown", r, r.rc == 0 and not left)
@@ -531,6 +547,7 @@ def measure(tool: Tool, fleet: Fleet, state: Path, log: Callable[[str], None]) -
         log(f"    {tool.name} teardown left: {left}")
         clean(fleet, state)
     # a server that dies ~2 s after its start
+    quiet("crash", 0)
     r = tool.deploy(fleet, "crash", state)
     unit = fleet.units["crash"][CRASH_HOST]["unit"]
     # gpudeploy: "[lab1/bad] FAILED after ..." as it happens, or the summary's "lab1/bad: FAILED"
@@ -561,6 +578,7 @@ def measure(tool: Tool, fleet: Fleet, state: Path, log: Callable[[str], None]) -
     if t.rc != 0 or leftovers(fleet):
         clean(fleet, state)
     rec["commands"] = cmds
+    rec["settled"] = waits
     return rec
 
 
@@ -829,6 +847,41 @@ def plot(summary: dict[str, Any], out: Path, stem: str) -> list[Path]:
     return paths
 
 
+def settle(what: str, engines: int = 0, window_s: float = 0.25, windows: int = 4, limit_s: float = 300
+           ) -> dict[str, Any]:
+    """Waits until the lab's hosts are quiet: ``windows`` windows of ``window_s`` in a row in which they
+    used under 0.1 cores plus 0.01 for each of ``engines`` idle engines (an idle stand-in uses ~0.006),
+    at most ``limit_s``. On this machine every host's work shares our 2 cores: 64 hosts just booted use
+    most of them for ~15 s, and after each command the hosts' ends of its ssh sessions (sshd, logind,
+    dbus, journald) go on for a second or so (bench/tail.py). A command timed then is timed against
+    them; on a real fleet each host does that on its own CPUs. So every timed command, the floor's too,
+    starts on a quiet lab, and what the wait found is kept with the results."""
+    quiet_cores = 0.1 + 0.01 * engines
+    t0 = time.monotonic()
+    calm, used = 0, lab_cpu_s()
+    levels: list[float] = []
+    while calm < windows and time.monotonic() - t0 < limit_s:
+        time.sleep(window_s)
+        now = lab_cpu_s()
+        levels.append((now - used) / window_s)
+        calm, used = (calm + 1 if levels[-1] < quiet_cores else 0), now
+    return {"what": what, "waited_s": round(time.monotonic() - t0, 2), "quiet": calm >= windows,
+            "cores": [round(x, 3) for x in levels[-windows:]]}
+
+
+def precompile() -> dict[str, Any]:
+    """gpudeploy's modules as an installed package has them: compiled to bytecode once. ``pip install``
+    writes every module's .pyc; this repository's editable install does not, and where
+    PYTHONDONTWRITEBYTECODE is set (as on this machine and the GPU machine) Python then compiles
+    every module from source on every command: ~0.13 s of a status at one host (cProfile, 67 modules),
+    more of a deploy. The lab's hosts read the same src folder (its shims and stand-ins), so they get
+    them too. A module changed later is compiled from source again (its .pyc no longer matches)."""
+    t = time.monotonic()
+    ok = compileall.compile_dir(str(REPO / "src"), quiet=1)
+    return {"precompiled": bool(ok), "compile_s": round(time.monotonic() - t, 2),
+            "PYTHONDONTWRITEBYTECODE": os.environ.get("PYTHONDONTWRITEBYTECODE")}
+
+
 def machine() -> dict[str, Any]:
     mem = Path("/proc/meminfo").read_text().split("\n")[0].split()[1]
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
@@ -895,7 +948,7 @@ def main() -> None:
 
     up = {s.host.name for s in labctl.status() if s.up and s.ssh_ok}
     brought_up = not {f"lab{i}" for i in range(1, max(ns) + 1)} <= up
-    doc: dict[str, Any] = {"date": args.date, "machine": machine(), "tools": sorted(wanted),
+    doc: dict[str, Any] = {"date": args.date, "machine": machine(), "bytecode": precompile(), "tools": sorted(wanted),
                            "command": " ".join([".venv/bin/python bench/fleet.py", *sys.argv[1:]]),
                            "rounds": args.rounds, "rounds_at_64": args.rounds_at_64,
                            "ansible_f5_rounds_at_64": args.f5_rounds_at_64, "records": []}
@@ -918,8 +971,11 @@ def main() -> None:
                 (fl.root / "deploy.yml").write_text(DEPLOY_YML)
                 (fl.root / "teardown.yml").write_text(TEARDOWN_YML)
             clean(fleets[max(ns)], state)
+            doc["settle"] = []
             for n in ns:
                 fl = fleets[n]
+                doc["settle"].append(settle(f"N={n}", limit_s=300))
+                log(f"lab quiet before N={n}: {doc['settle'][-1]}")
                 rounds = args.rounds_at_64 if n == 64 else args.rounds
                 for rnd in range(rounds):
                     tools = [t for t in tools_for(n)
@@ -942,6 +998,7 @@ def main() -> None:
                         log(f"N={n} round {rnd + 1} {tool.name}: {shown} ({time.monotonic() - t0:.0f} s)")
                 if args.profile:
                     profile(fl, state, out / f"{stem}-profile-N{n}", log)
+            doc["settle"].append(settle("the cold starts", limit_s=300))
             doc["cold_start"] = cold_start(fleets[min(ns)], state)
     finally:
         if brought_up:

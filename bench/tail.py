@@ -142,7 +142,8 @@ def main() -> None:
     up = {s.host.name for s in F.labctl.status() if s.up and s.ssh_ok}
     brought_up = not {f"lab{i}" for i in range(1, n + 1)} <= up
     root_cg = F.labctl.config.CGROUP_ROOTS[0]
-    doc: dict[str, Any] = {"date": args.date, "n": n, "machine": F.machine(), "rounds": []}
+    doc: dict[str, Any] = {"date": args.date, "n": n, "machine": F.machine(), "bytecode": F.precompile(),
+                           "rounds": []}
     try:
         if brought_up:
             F.labctl.down()

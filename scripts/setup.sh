@@ -23,4 +23,9 @@ fi
 # a .pth file, as the lab hosts see the stand-in.
 site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 echo "$PWD/src" > "$site/gpudeploy-lab.pth"
+# pip writes an installed package's bytecode; an editable install's is written on first import, unless
+# PYTHONDONTWRITEBYTECODE is set (as on our development machines): then every command, each test's too, would
+# compile gpudeploy's modules from source again (~0.1 s of CPU a command). A module changed later is
+# compiled from source again until this runs again (its .pyc no longer matches).
+.venv/bin/python -m compileall -q src >/dev/null
 echo "setup: done ($(.venv/bin/python --version), $(.venv/bin/invoke --version | head -1))"
