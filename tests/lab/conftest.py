@@ -10,6 +10,7 @@ them, which need not be this one.
 from __future__ import annotations
 
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from deploytools import Deployments
+from deploytools import CALIBRATION, FLAGS_CACHE, Deployments
 
 import gpudeploy_lab as labctl
 
@@ -109,6 +110,15 @@ def lab() -> Iterator[Lab]:
                   inventory=REPO / "inventory" / "lab.yml")
     yield the_lab
     labctl.down()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _test_stores() -> Iterator[None]:
+    """The calibration store and the flags cache this run's commands wrote (deploytools: one per run,
+    away from the user's own) are removed when the run ends, not left in /tmp run after run."""
+    yield
+    CALIBRATION.unlink(missing_ok=True)
+    shutil.rmtree(FLAGS_CACHE, ignore_errors=True)
 
 
 @pytest.fixture
