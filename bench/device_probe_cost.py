@@ -1,6 +1,6 @@
 """What the host probe's GPU read costs on a real GPU node (issue 26: status's host-side time).
 
-Run on the device machine (one real H200, its own nvidia-ml-py): ``python3 bench/device_probe_cost.py
+Run on the device machine (a real H100 or H200, its own nvidia-ml-py): ``python3 bench/device_probe_cost.py
 --out DIR``. Prints and writes, medians of ``--runs`` fresh processes each: python's start, the
 pynvml import, the whole probe with and without ``gpus``, and one in-process breakdown of the GPU
 read (import, nvmlInit, the queries, nvmlShutdown), with NVML's persistence mode as the driver
@@ -78,7 +78,7 @@ def main() -> None:
     text = json.dumps(res, indent=1)
     print(text)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "h200-probe-cost.json").write_text(text + "\n")
+    (args.out / "probe-cost.json").write_text(text + "\n")
 
 
 if __name__ == "__main__":

@@ -637,7 +637,7 @@ def importtime(argv: list[str], env: dict[str, str]) -> dict[str, Any]:
             "heaviest": [{"module": r[3], "cumulative_ms": r[1] / 1000} for r in heaviest]}
 
 
-def cold_start(fleet: Fleet, state: Path, runs: int = 5) -> dict[str, Any]:
+def cold_start(fleet: Fleet, state: Path, runs: int = 7) -> dict[str, Any]:
     env = gd_env(state)
     out: dict[str, Any] = {}
     gpudeploy = [str(Path(sys.executable).parent / "gpudeploy")]
@@ -847,22 +847,31 @@ def plot(summary: dict[str, Any], out: Path, stem: str) -> list[Path]:
     return paths
 
 
+def machine_busy_s() -> float:
+    """CPU seconds this machine has been busy so far, every core and the kernel's own threads too
+    (``/proc/stat``: all but idle and iowait)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    busy = sum(fields) - fields[3] - (fields[4] if len(fields) > 4 else 0)
+    return busy / os.sysconf("SC_CLK_TCK")
+
+
 def settle(what: str, engines: int = 0, window_s: float = 0.25, windows: int = 4, limit_s: float = 300
            ) -> dict[str, Any]:
-    """Waits until the lab's hosts are quiet: ``windows`` windows of ``window_s`` in a row in which they
-    used under 0.1 cores plus 0.01 for each of ``engines`` idle engines (an idle stand-in uses ~0.006),
-    at most ``limit_s``. On this machine every host's work shares our 2 cores: 64 hosts just booted use
-    most of them for ~15 s, and after each command the hosts' ends of its ssh sessions (sshd, logind,
-    dbus, journald) go on for a second or so (bench/tail.py). A command timed then is timed against
-    them; on a real fleet each host does that on its own CPUs. So every timed command, the floor's too,
-    starts on a quiet lab, and what the wait found is kept with the results."""
+    """Waits until this machine is quiet: ``windows`` windows of ``window_s`` in a row in which it was
+    busy under 0.1 cores plus 0.01 for each of ``engines`` idle engines (an idle stand-in uses
+    ~0.006), at most ``limit_s``. Every lab host's work shares our 2 cores: 64 hosts just booted use
+    most of them for ~15 s; after each command the hosts' ends of its ssh sessions (sshd, logind,
+    dbus, journald) go on for a second or so (bench/tail.py); after 64 engines stop, the kernel
+    reclaims their memory. A command timed then is timed against them; on a real fleet each host
+    does that on its own CPUs. So every timed command, the floor's too, starts on a quiet machine,
+    and what the wait found is kept with the results."""
     quiet_cores = 0.1 + 0.01 * engines
     t0 = time.monotonic()
-    calm, used = 0, lab_cpu_s()
+    calm, used = 0, machine_busy_s()
     levels: list[float] = []
     while calm < windows and time.monotonic() - t0 < limit_s:
         time.sleep(window_s)
-        now = lab_cpu_s()
+        now = machine_busy_s()
         levels.append((now - used) / window_s)
         calm, used = (calm + 1 if levels[-1] < quiet_cores else 0), now
     return {"what": what, "waited_s": round(time.monotonic() - t0, 2), "quiet": calm >= windows,
