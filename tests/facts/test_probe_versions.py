@@ -5,15 +5,33 @@ versions, or its error, never the probe's failure."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
+import os
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from gpudeploy.facts import remote_probe
+
+
+def _started(monkeypatch: pytest.MonkeyPatch) -> list[subprocess.Popen[str]]:
+    """The processes the probe starts, as it started them."""
+    started: list[subprocess.Popen[str]] = []
+    real = subprocess.Popen
+
+    class Keeping(real):  # type: ignore[misc,valid-type]
+        def __init__(self, *args: Any, **kw: Any) -> None:
+            super().__init__(*args, **kw)
+            started.append(self)
+
+    monkeypatch.setattr(subprocess, "Popen", Keeping)
+    return started
 
 
 def _spawned(monkeypatch: pytest.MonkeyPatch) -> list[str]:
@@ -54,9 +72,45 @@ def test_an_interpreter_that_is_missing_or_fails_is_its_own_error(tmp_path: Path
     assert got[sys.executable] == {"pytest": importlib.metadata.version("pytest")}
 
 
-def test_an_interpreter_that_hangs_is_stopped_at_the_deadline(tmp_path: Path) -> None:
+def test_an_interpreter_that_hangs_is_stopped_at_the_deadline(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     hangs = tmp_path / "python3"
     hangs.write_text("#!/bin/sh\nexec sleep 30\n")
     hangs.chmod(0o755)
+    started = _started(monkeypatch)
     answers = remote_probe.versions_start({str(hangs): ["sglang"]}, timeout=0.2)()
-    assert "timed out" in answers[str(hangs)]["error"]
+    assert answers[str(hangs)] == {"error": "no answer within 0.2 s"}
+    assert [p.returncode for p in started] == [-signal.SIGKILL]  # stopped and reaped, not left running
+
+
+def test_an_answer_that_came_in_time_counts_when_it_is_read_late(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The probe reads every other fact before it collects the versions: that may outlast the
+    interpreters' deadline, which an interpreter that answered long before must not fail."""
+    started = _started(monkeypatch)
+    collect = remote_probe.versions_start({sys.executable: ["pytest"]}, timeout=0.0)
+    started[0].wait()  # it has answered; the deadline is long past
+    assert collect() == {sys.executable: {"pytest": importlib.metadata.version("pytest")}}
+
+
+def test_a_wrapper_whose_child_holds_the_pipes_does_not_hold_the_probe(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An interpreter behind a wrapper script that does not exec: stopping the wrapper leaves its child
+    (here a sleep) holding the pipes. The probe answers anyway, as subprocess.run did."""
+    pid_file = tmp_path / "child.pid"
+    wrapper = tmp_path / "python3"
+    wrapper.write_text(f"#!/bin/sh\nsleep 60 &\necho $! > {pid_file}\nwait\n")
+    wrapper.chmod(0o755)
+    started = _started(monkeypatch)
+    collect = remote_probe.versions_start({str(wrapper): ["sglang"]}, timeout=0.0)
+    answered: list[dict[str, Any]] = []
+    reader = threading.Thread(target=lambda: answered.append(collect()), daemon=True)
+    try:
+        reader.start()
+        reader.join(30)  # it waited for the sleep (60 s) before
+        assert answered == [{str(wrapper): {"error": "no answer within 0 s"}}]
+    finally:
+        started[0].kill()
+        started[0].wait()
+        if pid_file.exists() and pid_file.read_text().strip():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)  # the sleep this test's wrapper started

@@ -252,22 +252,28 @@ def versions_start(wanted: dict[str, list[str]], timeout: float = 30.0) -> Any:
         try:
             procs[python] = subprocess.Popen([python, "-c", VERSION_SCRIPT, *packages], stdin=subprocess.DEVNULL,
                                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        except OSError as exc:
+        except (OSError, ValueError) as exc:  # no such file, not executable, a NUL in the path
             procs[python] = exc
     deadline = time.monotonic() + timeout
 
     def answers() -> dict[str, Any]:
         out: dict[str, Any] = {}
         for python, proc in procs.items():
-            if isinstance(proc, OSError):
+            if isinstance(proc, Exception):
                 out[python] = {"error": str(proc)}
                 continue
             try:
-                stdout, stderr = proc.communicate(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired as exc:
-                proc.kill()  # our own child, by its PID
-                proc.communicate()
-                out[python] = {"error": str(exc)}
+                # At least a second to read what it wrote: the other facts may have taken longer than
+                # its deadline, and one that answered in time is not a timeout.
+                stdout, stderr = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                # As subprocess.run does: our own child, by its PID, then reaped. Not its pipes: a
+                # wrapper's own child may hold them open for as long as it runs.
+                proc.kill()
+                proc.wait()
+                for pipe in (proc.stdout, proc.stderr):
+                    pipe.close()
+                out[python] = {"error": f"no answer within {timeout:g} s"}
                 continue
             try:
                 out[python] = json.loads(stdout) if proc.returncode == 0 else {"error": stderr.strip()[-200:]}
