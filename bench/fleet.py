@@ -529,8 +529,8 @@ def measure(tool: Tool, fleet: Fleet, state: Path, log: Callable[[str], None]) -
     rec["redeploy"] = keep("redeploy", r, r.rc == 0 and same and unchanged)
     # the floor, right before status, with the same units running (measured in gpudeploy's turn)
     if gd and ok:
-        quiet("floor", fleet.n)
-        rec.update(floor(fleet, state / "masters", lambda: quiet("floor, each part", fleet.n)))
+        parts = iter(("floor_ssh", "floor_state", "floor_ssh_master", "floor_state_master"))
+        rec.update(floor(fleet, state / "masters", lambda: quiet(next(parts), fleet.n)))
     # status, twice
     quiet("status", fleet.n)
     r = tool.status(fleet, state)
@@ -850,8 +850,9 @@ def plot(summary: dict[str, Any], out: Path, stem: str) -> list[Path]:
 def machine_busy_s() -> float:
     """CPU seconds this machine has been busy so far, every core and the kernel's own threads too
     (``/proc/stat``: all but idle and iowait)."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    busy = sum(fields) - fields[3] - (fields[4] if len(fields) > 4 else 0)
+    # user nice system idle iowait irq softirq steal (guest and guest_nice are in user and nice already)
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    busy = sum(fields) - fields[3] - fields[4]
     return busy / os.sysconf("SC_CLK_TCK")
 
 

@@ -27,5 +27,5 @@ echo "$PWD/src" > "$site/gpudeploy-lab.pth"
 # PYTHONDONTWRITEBYTECODE is set (as on our development machines): then every command, each test's too, would
 # compile gpudeploy's modules from source again (~0.1 s of CPU a command). A module changed later is
 # compiled from source again until this runs again (its .pyc no longer matches).
-.venv/bin/python -m compileall -q src >/dev/null
+.venv/bin/python -m compileall -q src
 echo "setup: done ($(.venv/bin/python --version), $(.venv/bin/invoke --version | head -1))"
