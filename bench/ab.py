@@ -1,0 +1,141 @@
+"""Interleaved rounds at one host: what one command costs against the floor, and against another
+build of gpudeploy, measured in the same sitting (issue 26).
+
+One run of ``bench/fleet.py`` cannot show a change of 0.05-0.1 s on this 2-core VM: round to round a
+one-host redeploy varies by ~0.1 s and a 3-host one by ~0.3 s. Here every round runs each arm once,
+in turn, on a quiet machine (fleet.settle), so slow and fast moments fall on every arm alike:
+
+    floor       ``ssh host true`` and ``ssh host systemctl show <unit>`` (fresh connections)
+    status      first call (a fresh control folder: its own handshake), then again (warm)
+    redeploy    nothing changed
+
+``--without-bytecode`` adds a second gpudeploy arm: the same source, copied without any ``.pyc``
+and put first on ``PYTHONPATH``, as a checkout without bytecode runs under PYTHONDONTWRITEBYTECODE.
+``--baseline REV`` adds instead the gpudeploy of another commit (its ``src``, from ``git archive``,
+compiled as setup.sh does). Lab: one host (booted if needed, left as found).
+
+    .venv/bin/python bench/ab.py [--rounds 10] [--without-bytecode | --baseline REV] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import compileall
+import contextlib
+import datetime
+import io
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import fleet as F  # noqa: E402
+
+
+def _without_bytecode(dest: Path) -> Path:
+    src = dest / "src"
+    shutil.copytree(F.REPO / "src", src, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    return src
+
+
+def _at_revision(rev: str, dest: Path) -> Path:
+    data = subprocess.run(["git", "-C", str(F.REPO), "archive", rev, "src"], capture_output=True, check=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        tar.extractall(dest, filter="data")
+    compileall.compile_dir(str(dest / "src"), quiet=1)
+    return dest / "src"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=10)
+    other = ap.add_mutually_exclusive_group()
+    other.add_argument("--without-bytecode", action="store_true")
+    other.add_argument("--baseline", metavar="REV")
+    ap.add_argument("--out", default=str(HERE / "results"))
+    ap.add_argument("--date", default=datetime.date.today().isoformat())
+    args = ap.parse_args()
+    up = {s.host.name for s in F.labctl.status() if s.up and s.ssh_ok}
+    brought_up = "lab1" not in up
+    doc: dict[str, Any] = {"date": args.date, "machine": F.machine(), "bytecode": F.precompile(),
+                           "command": " ".join(["bench/ab.py", *sys.argv[1:]]), "rounds": args.rounds}
+    try:
+        if brought_up:
+            with contextlib.redirect_stdout(io.StringIO()):
+                F.labctl.up(1)
+        with tempfile.TemporaryDirectory(prefix="gd-ab-") as tmp:
+            root, state = Path(tmp), Path(tmp) / "state"
+            state.mkdir()
+            fl = F.make_fleet(root / "n1", 1, state)
+            F.clean(fl, state)
+            env = F.gd_env(state)
+            arms: dict[str, dict[str, str]] = {"gpudeploy": env}
+            if args.without_bytecode:
+                arms["gpudeploy without bytecode"] = {**env, "PYTHONPATH": str(_without_bytecode(root / "nopyc"))}
+            elif args.baseline:
+                base = _at_revision(args.baseline, root / "base")
+                arms[f"gpudeploy at {args.baseline}"] = {**env, "PYTHONPATH": str(base)}
+            if F.run(F.gd_argv("deploy", "--inventory", str(fl.good)), env=env).rc != 0:
+                raise SystemExit("bench/ab.py: the first deploy failed")
+            unit, address = fl.units["good"]["lab1"]["unit"], fl.units["good"]["lab1"]["address"]
+            floors = {"floor: ssh true": F.labctl.ssh_argv(address, "true"),
+                      "floor: ssh systemctl show": F.labctl.ssh_argv(
+                          address, f"systemctl show -p MainPID,ActiveState,SubState,InvocationID {unit}")}
+            times: dict[str, list[float]] = {}
+
+            def timed(name: str, argv: list[str], e: dict[str, str] | None) -> None:
+                F.settle(name, engines=1, limit_s=30)
+                r = F.run(argv, env=e)
+                if r.rc != 0:
+                    raise SystemExit(f"bench/ab.py: {name} failed (rc {r.rc}):\n{r.out[-1500:]}")
+                times.setdefault(name, []).append(r.wall_s)
+
+            for rnd in range(args.rounds):
+                for name, argv in floors.items():
+                    timed(name, argv, None)
+                for arm, e in arms.items():
+                    ctl = root / f"ctl-{rnd}-{len(times)}"
+                    e = {**e, "GPUDEPLOY_SSH_CONTROL_DIR": str(ctl)}
+                    timed(f"{arm}: status, first call", F.gd_argv("status", "--inventory", str(fl.good)), e)
+                    timed(f"{arm}: status, warm", F.gd_argv("status", "--inventory", str(fl.good)), e)
+                    timed(f"{arm}: redeploy", F.gd_argv("deploy", "--inventory", str(fl.good)), e)
+                    for sock in ctl.iterdir() if ctl.is_dir() else []:
+                        if sock.is_socket():  # the master this round's status opened, by its own socket
+                            subprocess.run(["ssh", "-o", f"ControlPath={sock}", "-O", "exit", "lab"],
+                                           capture_output=True, check=False, timeout=30)
+                print(f"round {rnd + 1}: " + ", ".join(f"{k} {v[-1]:.3f}" for k, v in times.items()), flush=True)
+            F.run(F.gd_argv("teardown", "--inventory", str(fl.good), "--purge"), env=env)
+    finally:
+        if brought_up:
+            with contextlib.redirect_stdout(io.StringIO()):
+                F.labctl.down()
+    med = {k: statistics.median(v) for k, v in times.items()}
+    doc["seconds"] = times
+    doc["medians"] = med
+    floor_show, floor_true = med["floor: ssh systemctl show"], med["floor: ssh true"]
+    lines = [f"{args.date}, one host, {args.rounds} interleaved rounds (medians, seconds)"]
+    for k, v in med.items():
+        base = floor_true if k.endswith("redeploy") or k == "floor: ssh true" else floor_show
+        lines.append(f"  {k:45s} {v:.3f}  ({v / base:.2f}x the floor)")
+    text = "\n".join(lines)
+    print(text)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    suffix = "-without-bytecode" if args.without_bytecode else f"-vs-{args.baseline}" if args.baseline else ""
+    path = out / f"ab-{args.date}{suffix}.json"
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    print(path)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    main()
