@@ -20,36 +20,26 @@ import pytest
 from gpudeploy.facts import remote_probe
 
 
-def _started(monkeypatch: pytest.MonkeyPatch) -> list[subprocess.Popen[str]]:
-    """The processes the probe starts, as it started them."""
+def _started(monkeypatch: pytest.MonkeyPatch, programs: list[str] | None = None) -> list[subprocess.Popen[str]]:
+    """The processes the probe starts, as it started them (every subprocess of it goes through Popen);
+    ``programs``, if given, gets each one's program as it is started, in order."""
     started: list[subprocess.Popen[str]] = []
     real = subprocess.Popen
 
     class Keeping(real):  # type: ignore[misc,valid-type]
-        def __init__(self, *args: Any, **kw: Any) -> None:
-            super().__init__(*args, **kw)
+        def __init__(self, args: Any, *rest: Any, **kw: Any) -> None:
+            if programs is not None:
+                programs.append(str(args[0]))
+            super().__init__(args, *rest, **kw)
             started.append(self)
 
     monkeypatch.setattr(subprocess, "Popen", Keeping)
     return started
 
 
-def _spawned(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The programs the probe starts, in order (every subprocess of it goes through Popen)."""
-    seen: list[str] = []
-    real = subprocess.Popen
-
-    class Recording(real):  # type: ignore[misc,valid-type]
-        def __init__(self, args: Any, *rest: Any, **kw: Any) -> None:
-            seen.append(str(args[0]))
-            super().__init__(args, *rest, **kw)
-
-    monkeypatch.setattr(subprocess, "Popen", Recording)
-    return seen
-
-
 def test_engine_versions_are_asked_before_the_other_facts_are_read(monkeypatch: pytest.MonkeyPatch) -> None:
-    events = _spawned(monkeypatch)
+    events: list[str] = []
+    _started(monkeypatch, events)
     monkeypatch.setattr(remote_probe, "systemctl_show", lambda units: events.append(f"state of {units}") or {})
     facts = remote_probe.main({"units": ["gpudeploy-x.a.service"],
                                "versions": {sys.executable: ["pytest", "no-such-pkg-gd"]}})

@@ -237,15 +237,10 @@ VERSION_SCRIPT = (
     "print(json.dumps(out))\n")
 
 
-def versions(wanted: dict[str, list[str]]) -> dict[str, Any]:
-    """python -> {package: version or None}: the engines a role's interpreter would run."""
-    answers: dict[str, Any] = versions_start(wanted)()
-    return answers
-
-
 def versions_start(wanted: dict[str, list[str]], timeout: float = 30.0) -> Any:
-    """``versions``, begun now: each interpreter asked at once, in its own process; returns the function
-    that waits for their answers. Starting a python and importlib.metadata's search take ~70 ms on a
+    """python -> {package: version or None} (the engines a role's interpreter would run), begun now:
+    each interpreter asked at once, in its own process; returns the function that waits for their
+    answers. Starting a python and importlib.metadata's search take ~70 ms on a
     lab host, most of deploy's probe: the probe reads every other fact meanwhile (issue 26)."""
     procs: dict[str, Any] = {}
     for python, packages in wanted.items():
