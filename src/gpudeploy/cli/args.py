@@ -3,7 +3,9 @@ that turns gpudeploy's own errors (and Ctrl-C) into a message and an exit status
 
 from __future__ import annotations
 
+import atexit
 import functools
+import gc
 import os
 import sys
 from collections.abc import Callable
@@ -75,6 +77,7 @@ def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         from ..fanout import raise_open_files  # (here, not at import: see cli/tasks.py)
 
         raise_open_files()
+        _freeze_at_exit()
         interrupt.install()  # Ctrl-C always ends the command within interrupt.GRACE_S
         try:
             return fn(*args, **kwargs)
@@ -85,6 +88,21 @@ def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             interrupt.leave(130)  # never waits for worker threads still on a host
 
     return wrapper
+
+
+_frozen_at_exit = False
+
+
+def _freeze_at_exit() -> None:
+    """At exit, move every object into gc's permanent generation (after the other exit handlers,
+    which were registered later and run first). The interpreter's last collection then skips
+    what the command's imports made: it walked them for 35-50 ms after each command's report, a
+    tenth of a redeploy at one host (issue 26). Nothing is skipped: objects are still freed by
+    their reference counts, and every exit handler still runs."""
+    global _frozen_at_exit
+    if not _frozen_at_exit:
+        _frozen_at_exit = True
+        atexit.register(gc.freeze)
 
 
 def set_forks(value: int | None) -> None:
