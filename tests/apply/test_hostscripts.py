@@ -186,3 +186,72 @@ def test_a_holder_with_a_probe_reads_the_facts_once_it_holds_the_lock(tmp_path: 
         for p in (first, waiter):
             p.kill()
             p.wait()
+
+
+def _later_holder(lock: Path, marker: Path) -> subprocess.Popen[str]:
+    from gpudeploy.apply.lock import LATER, holder_argv
+
+    argv = holder_argv(sys.executable, 10, '{"by": "test"}', LATER)
+    argv[3] = str(lock)
+    return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+
+def test_a_holder_started_before_the_plan_probes_with_the_spec_sent_later(tmp_path: Path) -> None:
+    """Deploy's head start (apply/early_locks.py): the holder takes the lock while the client still
+    plans, and probes with the spec that comes on stdin after heartbeat dots."""
+    import hashlib
+    import json
+
+    from gpudeploy.apply.lock import _facts
+
+    lock, marker = tmp_path / "host.lock", tmp_path / "unit-file"
+    marker.write_text("x")
+    holder = _later_holder(lock, marker)
+    assert holder.stdin is not None
+    try:
+        holder.stdin.write("..")  # heartbeats before the plan is done
+        holder.stdin.flush()
+        holder.stdin.write(".." + json.dumps({"units": [], "files": [str(marker)]}) + "\n.")
+        holder.stdin.flush()
+        line = _first_line(holder)
+        facts = _facts(line.removeprefix("locked "))
+        assert facts is not None, line
+        assert facts["files"][str(marker)] == hashlib.sha256(b"x").hexdigest()
+        waiter = _holder(lock, 0, 30)  # it holds the lock after probing, as long as the client is there
+        assert _first_line(waiter).startswith("busy") and _first_line(waiter) == "timeout"
+        waiter.wait(timeout=5)
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_holder_started_before_a_plan_that_failed_lets_go_without_probing(tmp_path: Path) -> None:
+    lock, marker = tmp_path / "host.lock", tmp_path / "unit-file"
+    holder = _later_holder(lock, marker)
+    assert holder.stdin is not None
+    holder.stdin.write("...")
+    holder.stdin.close()  # the client ends what it started: no spec comes
+    try:
+        assert holder.wait(timeout=10) == 0
+        assert holder.stdout is not None and holder.stdout.read() == ""  # no probe ran, nothing said
+        free = _holder(lock, 0, 30)
+        assert _first_line(free) == "locked"
+        assert free.stdin is not None
+        free.stdin.close()
+        free.wait(timeout=5)
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_holder_told_null_holds_the_lock_without_probing(tmp_path: Path) -> None:
+    lock, marker = tmp_path / "host.lock", tmp_path / "unit-file"
+    holder = _later_holder(lock, marker)
+    assert holder.stdin is not None
+    try:
+        holder.stdin.write("null\n")
+        holder.stdin.flush()
+        assert _first_line(holder) == "locked"
+    finally:
+        holder.kill()
+        holder.wait()

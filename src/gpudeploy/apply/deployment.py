@@ -35,6 +35,7 @@ from ..verify.liveness import live_urls
 from ..verify.smoke import SmokeResult, smoke_test
 from . import check, preflight, rolling, rollout, surges
 from .deploy import Options, UnitOutcome, calibrate, desired_files, file_hashes, secrets_for, start_and_gate
+from .early_locks import EarlyLocks
 from .order import stop_rank, upstreams_of
 from .sessions import open_sessions
 
@@ -104,7 +105,8 @@ def reach_targets(unit: Unit, units: list[Unit]) -> list[dict[str, Any]]:
 
 
 def deploy(plan: Plan, opts: Options, store: CalibrationStore | None = None,
-           cancel: Cancel | None = None) -> DeployResult:
+           cancel: Cancel | None = None, early: EarlyLocks | None = None) -> DeployResult:
+    """``early``: hosts' connections and lock holders started before the plan was (early_locks.py)."""
     refusals, warnings = memory_verdicts(plan)
     if refusals and not opts.force:
         raise InputError(refusals)
@@ -125,7 +127,7 @@ def deploy(plan: Plan, opts: Options, store: CalibrationStore | None = None,
             result.deployments[d].batch = number
         if len(plan_batches) > 1:
             say(f"-- batch {number} of {len(plan_batches)}{' (canary)' if number == 1 else ''}: {', '.join(batch)}")
-        _batch(plan, units, secrets, renderer, opts, cancel, result, outcomes, store)
+        _batch(plan, units, secrets, renderer, opts, cancel, result, outcomes, store, early)
         tried += len(batch)
         failed += sum(1 for d in batch if not result.deployments[d].ok)
         if opts.serial and number < len(plan_batches) and rollout.over_budget(failed, tried, opts.max_fail_percent):
@@ -142,7 +144,7 @@ def deploy(plan: Plan, opts: Options, store: CalibrationStore | None = None,
 
 def _batch(plan: Plan, units: list[Unit], secrets: dict[str, str], renderer: Renderer, opts: Options,
            cancel: Cancel, result: DeployResult, outcomes: dict[str, UnitOutcome],
-           store: CalibrationStore | None) -> None:
+           store: CalibrationStore | None, early: EarlyLocks | None = None) -> None:
     """One batch of deployments: their hosts connected and locked for it, then the phases; what its
     engines measured is kept before the connections close."""
     hosts = list({u.host.name: u.host for u in units}.values())
@@ -150,7 +152,7 @@ def _batch(plan: Plan, units: list[Unit], secrets: dict[str, str], renderer: Ren
         show_progress(Board())
         stack.callback(show_progress, None)
         try:
-            sessions = _open(hosts, units, opts, cancel, stack, result)
+            sessions = _open(hosts, units, opts, cancel, stack, result, early)
             _run(plan, sessions, units, secrets, renderer, opts, cancel, result, outcomes)
             if store is not None:
                 # Before the connections close: closing 64 of them wakes 64 paramiko threads that
@@ -200,10 +202,10 @@ def probe_spec(host: Host, mine: list[Unit], units: list[Unit]) -> dict[str, Any
 
 
 def _open(hosts: list[Host], units: list[Unit], opts: Options, cancel: Cancel, stack: ExitStack,
-          result: DeployResult) -> dict[str, HostSession]:
+          result: DeployResult, early: EarlyLocks | None = None) -> dict[str, HostSession]:
     # The probe rides on the lock's round trip: deploy's facts are read once the lock is held.
     specs = {h.name: probe_spec(h, [u for u in units if u.host.name == h.name], units) for h in hosts}
-    opened, errors = open_sessions(hosts, opts.lock_wait_s, cancel, stack, specs)
+    opened, errors = open_sessions(hosts, opts.lock_wait_s, cancel, stack, specs, early)
     for name, error in errors.items():
         _host_failed(result, units, name, error)
     return {name: HostSession(s.host, s.remote, s.supervisor, [u for u in units if u.host.name == name],

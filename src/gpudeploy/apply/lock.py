@@ -22,7 +22,7 @@ from typing import Any
 
 from ..errors import GpudeployError, RemoteError
 from ..fanout import Cancel
-from ..remote.base import Transport
+from ..remote.base import Stream, Transport
 
 LOCK_PATH = "/run/gpudeploy/host.lock"
 HEARTBEAT_S = 1.0
@@ -33,6 +33,8 @@ PROBE_S = 60.0  # what the host probe may take (facts.probe's default timeout)
 # "busy <holder>" once while it waits, then "locked" or "timeout"; holds the lock while bytes keep
 # arriving on stdin. With a probe, it runs the host probe once it holds the lock and says
 # "locked <facts JSON>": deploy's facts come in the lock's own round trip (issue 26), read under the lock.
+# PROBE_SPEC "-": the spec comes on stdin once the client has planned (deploy's head start,
+# apply/early_locks.py), one line of JSON after any heartbeat dots; "null" there: no probe.
 HOLDER = r"""
 import fcntl, json, os, select, sys, time
 path, holder, wait_s, beat_s = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
@@ -40,6 +42,7 @@ os.makedirs(os.path.dirname(path), exist_ok=True)
 fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
 deadline = time.monotonic() + wait_s
 told = False
+got = b""  # what came on stdin so far (heartbeat dots, a spec sent on stdin)
 while True:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -52,15 +55,28 @@ while True:
             print("timeout", flush=True)
             sys.exit(3)
         ready, _, _ = select.select([0], [], [], 0.1)
-        if ready and not os.read(0, 4096):
-            sys.exit(4)  # our client went away while we waited
+        if ready:
+            data = os.read(0, 4096)
+            if not data:
+                sys.exit(4)  # our client went away while we waited
+            got += data
 os.ftruncate(fd, 0)
 os.pwrite(fd, holder.encode(), 0)
-if len(sys.argv) > 6:
+spec = sys.argv[6] if len(sys.argv) > 6 else None
+if spec == "-":
+    while b"\n" not in got:
+        ready, _, _ = select.select([0], [], [], beat_s)
+        data = os.read(0, 4096) if ready else b""
+        if not data:
+            sys.exit(0)  # not needed after all (the plan failed), or the client is gone
+        got += data
+    spec = got.split(b"\n", 1)[0].lstrip(b".").decode()
+    spec = None if spec == "null" else spec
+if spec is not None:
     try:
         probe = {"__name__": "gpudeploy_probe"}
         exec(compile(sys.argv[5], "gpudeploy_probe", "exec"), probe)
-        print("locked " + json.dumps(probe["main"](json.loads(sys.argv[6]))), flush=True)
+        print("locked " + json.dumps(probe["main"](json.loads(spec))), flush=True)
     except Exception as exc:  # the client probes again on its own and reports that one's error
         print("locked " + json.dumps({"probe_error": type(exc).__name__ + ": " + str(exc)}), flush=True)
 else:
@@ -77,15 +93,18 @@ while True:
 """
 
 
-def holder_argv(python: str, wait_s: float, holder: str, probe: dict[str, Any] | None = None) -> list[str]:
+LATER = "-"  # the probe's spec, sent on stdin once it is known (HostLock.finish)
+
+
+def holder_argv(python: str, wait_s: float, holder: str, probe: dict[str, Any] | str | None = None) -> list[str]:
     """The holder's command line; ``python`` is the host's interpreter (the inventory's ``python``:
     PATH's python3 on a host may be another one, or none). ``probe``: the host probe's spec, run
-    once the lock is held."""
+    once the lock is held, or LATER."""
     argv = [python, "-c", HOLDER, LOCK_PATH, holder, f"{wait_s:g}", f"{HEARTBEAT_TIMEOUT_S:g}"]
     if probe is not None:
         from ..facts.probe import SOURCE
 
-        argv += [SOURCE, json.dumps(probe)]
+        argv += [SOURCE, probe if probe == LATER else json.dumps(probe)]
     return argv
 
 
@@ -102,17 +121,40 @@ class HostLock:
         self.wait_s = wait_s
         self.on_wait = on_wait
         self.cancel = cancel
-        self.chan: object = None
+        self.chan: Stream | None = None
         self.stopped = threading.Event()
         self.beat: threading.Thread | None = None
+        self.sending = threading.Lock()  # a heartbeat dot never lands inside the spec's line
 
     def __enter__(self) -> HostLock:
+        self.start()
+        return self.wait()
+
+    def start(self, probe_later: bool = False) -> HostLock:
+        """Start the holder (and its heartbeat) without waiting for its answer. ``probe_later``: the
+        probe's spec is not known yet; ``finish`` sends it."""
         holder = json.dumps({"by": f"{getpass.getuser()}@{socket.gethostname()}", "pid": os.getpid(),
                              "since": time.strftime("%Y-%m-%d %H:%M:%S")})
-        chan = self.remote.stream(holder_argv(self.remote.host.python or "python3", self.wait_s, holder, self.probe))
+        probe = LATER if probe_later else self.probe
+        chan = self.remote.stream(holder_argv(self.remote.host.python or "python3", self.wait_s, holder, probe))
         self.chan = chan
-        self.beat = threading.Thread(target=self._heartbeat, daemon=True)
+        self.beat = threading.Thread(target=self._heartbeat, args=(chan,), daemon=True)
         self.beat.start()
+        return self
+
+    def finish(self, probe: dict[str, Any] | None, cancel: Cancel | None = None) -> HostLock:
+        """A holder started with ``probe_later``: send the probe's spec (None: no probe), then wait."""
+        self.probe, self.cancel = probe, cancel
+        try:
+            with self.sending:
+                self._chan().sendall(json.dumps(probe).encode() + b"\n")
+        except OSError:
+            pass  # the holder has exited (busy, timed out): wait() reads why
+        return self.wait()
+
+    def wait(self) -> HostLock:
+        """Read the holder's answer: locked (with the probe's facts), or why not."""
+        chan = self._chan()
         chan.settimeout(0.2)
         buf = b""
         # the holder gives up first, by itself; a probe it runs may take the probe's own time
@@ -148,11 +190,16 @@ class HostLock:
             self.__exit__()
             raise
 
-    def _heartbeat(self) -> None:
-        chan = self.chan
+    def _chan(self) -> Stream:
+        if self.chan is None:
+            raise RuntimeError("HostLock: start() first")
+        return self.chan
+
+    def _heartbeat(self, chan: Stream) -> None:
         while not self.stopped.wait(HEARTBEAT_S):
             try:
-                chan.sendall(b".")  # type: ignore[attr-defined]
+                with self.sending:
+                    chan.sendall(b".")
             except TimeoutError:
                 continue  # a slow moment: the holder allows HEARTBEAT_TIMEOUT_S
             except OSError:
@@ -160,9 +207,8 @@ class HostLock:
 
     def __exit__(self, *exc: object) -> None:
         self.stopped.set()
-        chan = self.chan
-        if chan is not None:
-            chan.close()  # type: ignore[attr-defined]
+        if self.chan is not None:
+            self.chan.close()
 
 
 def _facts(text: str) -> dict[str, Any] | None:

@@ -19,6 +19,7 @@ from ..remote import closing, connect
 from ..remote.base import Transport
 from ..supervisor import for_host
 from ..supervisor.base import Supervisor
+from .early_locks import EarlyLocks
 from .lock import HostLock, LockBusy
 
 
@@ -35,18 +36,34 @@ def _waiting(host: str) -> Callable[[str], None]:
 
 
 def open_sessions(hosts: list[Host], lock_wait_s: float, cancel: Cancel | None, stack: ExitStack,
-                  probes: Mapping[str, dict[str, Any]] | None = None
+                  probes: Mapping[str, dict[str, Any]] | None = None, early: EarlyLocks | None = None
                   ) -> tuple[dict[str, Session], dict[str, GpudeployError]]:
     """(sessions, errors) by host name; ``stack`` closes the connections and locks. ``probes``: host
     name -> the host probe's spec, run by the lock's holder as soon as it holds the lock (one round
-    trip for both; ``Session.facts``)."""
+    trip for both; ``Session.facts``). ``early``: connections and holders already started
+    (early_locks.py), used where they are there."""
     specs = probes or {}
     errors: dict[str, GpudeployError] = {}
+    started: dict[str, HostLock] = {}  # holders started early, waiting for their probe's spec
 
     def open_one(host: Host) -> Transport:
+        got = early.take(host) if early is not None else None
+        if isinstance(got, GpudeployError):
+            raise got
+        if got is not None:
+            remote, held = got
+            if held is not None:
+                started[host.name] = held
+            return remote
         remote = connect(host)
         remote.open()
         return remote
+
+    def lock_one(host: Host) -> HostLock:
+        held = started.pop(host.name, None)
+        if held is not None:
+            return held.finish(specs.get(host.name), cancel)
+        return HostLock(remotes[host.name], 0, None, cancel, specs.get(host.name)).__enter__()
 
     remotes: dict[str, Transport] = {}
     for name, res in for_each_host(hosts, open_one, cancel).items():
@@ -56,8 +73,7 @@ def open_sessions(hosts: list[Host], lock_wait_s: float, cancel: Cancel | None, 
             remotes[name] = res
             stack.callback(closing.later, res.close)  # after the report, in a command
     reachable = [h for h in hosts if h.name in remotes]
-    locks: dict[str, HostLock | GpudeployError] = dict(for_each_host(
-        reachable, lambda h: HostLock(remotes[h.name], 0, None, cancel, specs.get(h.name)).__enter__(), cancel))
+    locks: dict[str, HostLock | GpudeployError] = dict(for_each_host(reachable, lock_one, cancel))
     if any(isinstance(r, LockBusy) for r in locks.values()):
         for r in locks.values():
             if isinstance(r, HostLock):

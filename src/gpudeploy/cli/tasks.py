@@ -76,14 +76,18 @@ def plan_and_hosts(inventory: str, host: str | None, role: str | None, deploymen
     return p, picked + [p.inventory.hosts[n] for n in mates], mates
 
 
-def plan_learning_flags(inventory: str, **kwargs: Any) -> Any:
+def plan_learning_flags(inventory: str, read: tuple[Any, list[Any]] | None = None, **kwargs: Any) -> Any:
     """The plan; when a host runs a release gpudeploy has not captured, read its --help there
-    first (once: it is kept on this machine) and plan again."""
+    first (once: it is kept on this machine) and plan again. ``read``: the inventory as
+    ``read_inventory`` gave it, when the caller has read it already."""
     from ..errors import InputError
     from ..plan import load_plan
+    from ..plan.build import build_plan
     from ..plan.flags import FlagsNotKnown
 
     try:
+        if read is not None:
+            return build_plan(read[0], problems=list(read[1]), **kwargs)
         return load_plan(inventory, **kwargs)
     except InputError as exc:
         needed = [p for p in exc.problems if isinstance(p, FlagsNotKnown)]
@@ -142,53 +146,67 @@ def deploy(c: Context, host: str | None = None, inventory: str | None = None, ro
     --host H without --role deploys the deployments that have units on H, on all their hosts.
     """
     inventory = inventory_path(inventory)
-    from dataclasses import replace
-
-    from ..apply import results as last
-    from ..apply.deploy import Options
-    from ..apply.deployment import deploy as run_deploy
     from ..apply.rollout import parse_serial
-    from ..fanout import Interrupted
-    from ..remote import closing
-    from ..report import deploy_records, deploy_summary, interrupted_text
 
     timeout_s = seconds(timeout, "--timeout")
     set_forks(positive_int(forks, "--forks"))
     batches = tuple(parse_serial(serial)) if serial else ()
     budget = percent(max_fail_percent, "--max-fail-percent")
-    p = plan_learning_flags(inventory, host=host, role=role, deployment=deployment, whole=True, store=calibration())
-    if only_failed:
-        wanted = last.not_ready(inventory)
-        if wanted is None:
-            raise Exit(f"gpudeploy: no earlier deploy of {inventory} is recorded here; run deploy first", code=1)
-        p = replace(p, units=tuple(u for u in p.units if u.deployment in wanted))
-        print(f"--only-failed: {', '.join(wanted) or 'nothing failed last time'}", file=sys.stderr)
-    if not p.units:
-        print(f"nothing is placed on {host or 'any host'}")
-        return
-    say_to = sys.stderr if json_ else sys.stdout
     if rolling and no_rolling:
         raise Exit("gpudeploy: --rolling and --no-rolling contradict each other", code=1)
-    opts = Options(force=force, timeout_s=timeout_s, keep_on_failure=keep_on_failure, check=check,
-                   serial=batches, max_fail_percent=budget, allow_downtime=allow_downtime,
-                   rolling="always" if rolling else "never" if no_rolling else "auto")
-    with closing.after_report():  # the hosts' connections close once the report is out
-        try:
-            with redirect_stdout(say_to):
-                result = run_deploy(p, opts, None if check else calibration())
-        except Interrupted as exc:
-            print(deploy_summary(exc.results)[0])
-            print(interrupted_text(exc.results))
-            interrupt.leave(130)
-        text, ok = deploy_summary(result)
-        records = deploy_records(result)
-        if not check:
-            last.save(inventory, records)
-        if json_:
-            json.dump(records, sys.stdout, indent=2)
-            sys.stdout.write("\n")
-        else:
-            print(text)
+    read = read_inventory(inventory)
+    early = None
+    if not (host or role or deployment or serial or only_failed or read[1]):
+        # The hosts' connections and lock holders start now, while the rest of deploy is imported
+        # and planned: on a redeploy they are most of the command (apply/early_locks.py).
+        from ..apply.early_locks import EarlyLocks
+
+        early = EarlyLocks(list(read[0].hosts.values()))
+    try:
+        from dataclasses import replace
+
+        from ..apply import results as last
+        from ..apply.deploy import Options
+        from ..apply.deployment import deploy as run_deploy
+        from ..fanout import Interrupted
+        from ..remote import closing
+        from ..report import deploy_records, deploy_summary, interrupted_text
+
+        p = plan_learning_flags(inventory, host=host, role=role, deployment=deployment, whole=True,
+                                store=calibration(), read=read)
+        if only_failed:
+            wanted = last.not_ready(inventory)
+            if wanted is None:
+                raise Exit(f"gpudeploy: no earlier deploy of {inventory} is recorded here; run deploy first", code=1)
+            p = replace(p, units=tuple(u for u in p.units if u.deployment in wanted))
+            print(f"--only-failed: {', '.join(wanted) or 'nothing failed last time'}", file=sys.stderr)
+        if not p.units:
+            print(f"nothing is placed on {host or 'any host'}")
+            return
+        say_to = sys.stderr if json_ else sys.stdout
+        opts = Options(force=force, timeout_s=timeout_s, keep_on_failure=keep_on_failure, check=check,
+                       serial=batches, max_fail_percent=budget, allow_downtime=allow_downtime,
+                       rolling="always" if rolling else "never" if no_rolling else "auto")
+        with closing.after_report():  # the hosts' connections close once the report is out
+            try:
+                with redirect_stdout(say_to):
+                    result = run_deploy(p, opts, None if check else calibration(), early=early)
+            except Interrupted as exc:
+                print(deploy_summary(exc.results)[0])
+                print(interrupted_text(exc.results))
+                interrupt.leave(130)
+            text, ok = deploy_summary(result)
+            records = deploy_records(result)
+            if not check:
+                last.save(inventory, records)
+            if json_:
+                json.dump(records, sys.stdout, indent=2)
+                sys.stdout.write("\n")
+            else:
+                print(text)
+    finally:
+        if early is not None:
+            early.close()  # what deploy did not take (the plan failed): ended, its locks let go
     if not ok:
         raise Exit(code=1)
 

@@ -1,0 +1,151 @@
+"""Deploy's head start (apply/early_locks.py, issue 26): each host's connection and lock holder
+start while deploy is still imported and planned. It must be the very connection and holder deploy
+then uses (a host is never dialled twice), and nothing it started may outlive a deploy that did not
+need it."""
+
+from __future__ import annotations
+
+import threading
+import time
+from contextlib import ExitStack
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from invoke.context import Context
+from invoke.exceptions import Exit
+
+from gpudeploy.apply import early_locks, sessions
+from gpudeploy.errors import HostUnreachable, InputError, Problem
+from gpudeploy.inventory import load_inventory
+from gpudeploy.model import Host
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _hosts(n: int) -> list[Host]:
+    lab1 = load_inventory(str(REPO / "inventory" / "lab.yml")).hosts["lab1"]
+    return [replace(lab1, name=f"lab{i}") for i in range(1, n + 1)]
+
+
+class _Remote:
+    def __init__(self, host: Host, log: list[str]) -> None:
+        self.host, self.log = host, log
+
+    def open(self) -> None:
+        self.log.append(f"dial {self.host.name}")
+
+    def close(self) -> None:
+        self.log.append(f"close {self.host.name}")
+
+
+class _Holder:
+    """A lock holder as deploy drives it: started before the spec is known, finished with it."""
+
+    def __init__(self, remote: _Remote, wait_s: float, *a: Any) -> None:
+        self.remote, self.facts = remote, None
+
+    def start(self, probe_later: bool = False) -> _Holder:
+        assert probe_later and not isinstance(self.remote, str)
+        self.remote.log.append(f"holder {self.remote.host.name}")
+        return self
+
+    def finish(self, probe: dict[str, Any] | None, cancel: Any = None) -> _Holder:
+        self.remote.log.append(f"spec {self.remote.host.name} {probe}")
+        self.facts = {"probed": probe}  # type: ignore[assignment]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.remote.log.append(f"unlock {self.remote.host.name}")
+
+
+@pytest.fixture
+def log(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    seen: list[str] = []
+    monkeypatch.setattr(early_locks, "connect", lambda host: _Remote(host, seen))
+    monkeypatch.setattr(early_locks, "HostLock", _Holder)
+    monkeypatch.setattr(sessions, "HostLock", _Holder)
+
+    def second_dial(host: Host) -> None:
+        raise AssertionError(f"{host.name} dialled a second time")
+
+    monkeypatch.setattr(sessions, "connect", second_dial)
+    return seen
+
+
+def test_deploy_uses_the_connection_and_holder_its_head_start_made(log: list[str]) -> None:
+    hosts = _hosts(2)
+    early = early_locks.EarlyLocks(hosts)
+    with ExitStack() as stack:
+        opened, errors = sessions.open_sessions(hosts, 1.0, None, stack, {"lab1": {"units": ["a"]}}, early)
+        assert not errors and sorted(opened) == ["lab1", "lab2"]
+        assert opened["lab1"].facts == {"probed": {"units": ["a"]}}  # the probe rode on the early holder
+        assert sorted(x for x in log if x.startswith(("dial", "spec"))) == [
+            "dial lab1", "dial lab2", "spec lab1 {'units': ['a']}", "spec lab2 None"]
+    early.close()
+    assert sorted(x for x in log if x.startswith(("unlock", "close"))) == [
+        "close lab1", "close lab2", "unlock lab1", "unlock lab2"]  # each once: closing early ends nothing twice
+
+
+def test_a_dial_that_failed_early_is_the_hosts_error_and_is_not_tried_again(
+        log: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    def refused(host: Host) -> _Remote:
+        if host.name == "lab2":
+            raise HostUnreachable("lab2", "ssh to 10.231.0.12 failed: connection refused")
+        return _Remote(host, log)
+
+    monkeypatch.setattr(early_locks, "connect", refused)
+    hosts = _hosts(2)
+    early = early_locks.EarlyLocks(hosts)
+    with ExitStack() as stack:
+        opened, errors = sessions.open_sessions(hosts, 1.0, None, stack, {}, early)
+    assert sorted(opened) == ["lab1"] and "connection refused" in str(errors["lab2"])
+    early.close()
+
+
+def test_what_a_deploy_did_not_take_is_ended_even_while_its_dial_is_under_way(
+        log: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    release, dialling = threading.Event(), threading.Event()
+
+    def slow(host: Host) -> _Remote:
+        dialling.set()
+        assert release.wait(30)
+        return _Remote(host, log)
+
+    monkeypatch.setattr(early_locks, "connect", slow)
+    early = early_locks.EarlyLocks(_hosts(1))
+    assert dialling.wait(30)
+    early.close()  # the plan failed while the host was still being dialled
+    release.set()
+    deadline = time.monotonic() + 30
+    while "close lab1" not in log and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert log == ["dial lab1", "holder lab1", "unlock lab1", "close lab1"]
+
+
+def test_a_deploy_whose_plan_fails_lets_go_of_every_host_it_started_on(
+        log: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpudeploy.cli import tasks
+
+    def failing_plan(*a: Any, **kw: Any) -> Any:
+        raise InputError([Problem("role decode: no GPU left on lab2", host="lab2")])
+
+    monkeypatch.setattr(tasks, "plan_learning_flags", failing_plan)
+    with pytest.raises(Exit, match="no GPU left"):
+        tasks.deploy.body(Context(), inventory=str(REPO / "inventory" / "lab.yml"))  # type: ignore[attr-defined]
+    placed = sorted(n for n, h in load_inventory(str(REPO / "inventory" / "lab.yml")).hosts.items() if h.placements)
+    assert placed and sorted(x for x in log if x.startswith("close")) == [f"close {n}" for n in placed]
+    assert sorted(x for x in log if x.startswith("unlock")) == [f"unlock {n}" for n in placed]
+
+
+def test_a_deploy_that_names_its_hosts_through_the_plan_starts_nothing_early(
+        log: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpudeploy.cli import tasks
+
+    monkeypatch.setattr(tasks, "plan_learning_flags", lambda *a, **kw: (_ for _ in ()).throw(
+        InputError([Problem("stop here")])))
+    for selected in ({"host": "lab1"}, {"role": "decode"}, {"deployment": "pd"}, {"serial": "1"}):
+        with pytest.raises(Exit):
+            tasks.deploy.body(Context(), inventory=str(REPO / "inventory" / "lab.yml"), **selected)  # type: ignore[attr-defined]
+    assert log == []
