@@ -189,7 +189,9 @@ FAKE_TORCH = str(REPO / "tests/standin/fake_torch")
 
 def test_torch_path_against_a_torch_double(started: list[Standin], tmp_path: Path) -> None:
     """Without --dry-run the workers call torch; here a double with torch's names and shapes stands in."""
-    env = {"PYTHONPATH": f"{REPO / 'src'}:{FAKE_TORCH}", "FAKE_TORCH_GPUS": "2", "CUDA_VISIBLE_DEVICES": "0,1"}
+    # TMPDIR: the double's process group rendezvous in folders there, gone with the test's own folder
+    env = {"PYTHONPATH": f"{REPO / 'src'}:{FAKE_TORCH}", "FAKE_TORCH_GPUS": "2", "CUDA_VISIBLE_DEVICES": "0,1",
+           "TMPDIR": str(tmp_path)}
     s = start(started, tmp_path, "--tp", "2", "--gib", "2", "--phase-s", "0", env=env)
     s.wait_line("The server is fired up and ready to roll!")
     lines = s.lines
@@ -202,6 +204,7 @@ def test_torch_path_against_a_torch_double(started: list[Standin], tmp_path: Pat
     assert all(isinstance(r["nccl_all_reduce_ms"], float) for r in info["ranks"]), info
     s.popen.send_signal(signal.SIGTERM)
     assert s.popen.wait(10) == 0
+    assert list(tmp_path.glob("fake-torch-dist-*")), "the rendezvous was not in the test's own folder"
     # a rank without a device fails as torch fails (invalid device ordinal), the launcher exits 1
     s2 = start(started, tmp_path, "--tp", "3", "--gib", "1", "--phase-s", "0", env=env)
     assert s2.popen.wait(15) == 1

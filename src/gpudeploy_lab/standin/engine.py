@@ -815,6 +815,7 @@ class Engine:
         crashed = False
         thread_dies_at: float | None = None
         thread_died = False
+        trigger = os.environ.get("SGLANG_STANDIN_FAULT_WHEN")  # a path: the fault waits for it to exist
         while True:
             if self.stop.is_set():
                 return self.shutdown()
@@ -869,11 +870,10 @@ class Engine:
                     continue
                 self.state.phase = "ready"
                 emit("The server is fired up and ready to roll!")  # the launcher's line: no rank tag
-                if self.fault == "crash-after-ready" and not os.environ.get("SGLANG_STANDIN_FAULT_WHEN"):
+                if self.fault == "crash-after-ready" and not trigger:
                     crash_at = now + env_float("SGLANG_STANDIN_FAULT_AFTER", 1.0)
-                if self.fault == "transfer-thread-dies" and not os.environ.get("SGLANG_STANDIN_FAULT_WHEN"):
+                if self.fault == "transfer-thread-dies" and not trigger:
                     thread_dies_at = now + env_float("SGLANG_STANDIN_FAULT_AFTER", 1.0)
-            trigger = os.environ.get("SGLANG_STANDIN_FAULT_WHEN")
             if (self.fault == "transfer-thread-dies" and not thread_died and self.state.phase == "ready"
                     and (os.path.exists(trigger) if trigger else thread_dies_at is not None and now >= thread_dies_at)):
                 thread_died = True
@@ -882,7 +882,6 @@ class Engine:
             if (self.fault == "crash-after-requests" and not crashed and self.state.phase == "ready"
                     and self.state.requests >= env_float("SGLANG_STANDIN_FAULT_AFTER", 10.0)):
                 crash_at = now
-            trigger = os.environ.get("SGLANG_STANDIN_FAULT_WHEN")
             if (self.fault == "crash-after-ready" and trigger and not crashed and self.state.phase == "ready"
                     and os.path.exists(trigger)):
                 crash_at = now
