@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 from gpudeploy.apply.hostscripts import kill_exact_argv
@@ -53,9 +54,15 @@ def _holder(path: Path, wait_s: float, beat_s: float) -> subprocess.Popen[str]:
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
 
-def _first_line(proc: subprocess.Popen[str]) -> str:
+def _first_line(proc: subprocess.Popen[str], within: float = 30.0) -> str:
+    """The next line the process writes; a holder that says nothing fails the test, never hangs it."""
     assert proc.stdout is not None
-    return proc.stdout.readline().strip()
+    stdout, got = proc.stdout, []
+    reader = threading.Thread(target=lambda: got.append(stdout.readline().strip()), daemon=True)
+    reader.start()
+    reader.join(within)
+    assert got, f"no line within {within:g} s"
+    return got[0]
 
 
 def test_a_waiter_that_gives_up_never_takes_the_lock_later(tmp_path: Path) -> None:
@@ -188,7 +195,7 @@ def test_a_holder_with_a_probe_reads_the_facts_once_it_holds_the_lock(tmp_path: 
             p.wait()
 
 
-def _later_holder(lock: Path, marker: Path) -> subprocess.Popen[str]:
+def _later_holder(lock: Path) -> subprocess.Popen[str]:
     from gpudeploy.apply.lock import LATER, holder_argv
 
     argv = holder_argv(sys.executable, 10, '{"by": "test"}', LATER)
@@ -205,15 +212,28 @@ def test_a_holder_started_before_the_plan_probes_with_the_spec_sent_later(tmp_pa
     from gpudeploy.apply.lock import _facts
 
     lock, marker = tmp_path / "host.lock", tmp_path / "unit-file"
-    marker.write_text("x")
-    holder = _later_holder(lock, marker)
+    holder = _later_holder(lock)
     assert holder.stdin is not None
     try:
         holder.stdin.write("..")  # heartbeats before the plan is done
         holder.stdin.flush()
+        # It holds the lock while the client still plans: another run is told "busy".
+        deadline = time.monotonic() + 30
+        while True:
+            waiter = _holder(lock, 0, 30)
+            first = _first_line(waiter)
+            assert waiter.stdin is not None
+            waiter.stdin.close()
+            waiter.wait(timeout=10)
+            if first.startswith("busy"):
+                break
+            assert time.monotonic() < deadline, "the early holder never took the lock"
+        marker.write_text("x")  # what the host looks like once the plan is done: read then, under the lock
         holder.stdin.write(".." + json.dumps({"units": [], "files": [str(marker)]}) + "\n.")
         holder.stdin.flush()
         line = _first_line(holder)
+        if line.startswith("busy"):  # a waiter above came first, for a moment
+            line = _first_line(holder)
         facts = _facts(line.removeprefix("locked "))
         assert facts is not None, line
         assert facts["files"][str(marker)] == hashlib.sha256(b"x").hexdigest()
@@ -226,8 +246,8 @@ def test_a_holder_started_before_the_plan_probes_with_the_spec_sent_later(tmp_pa
 
 
 def test_a_holder_started_before_a_plan_that_failed_lets_go_without_probing(tmp_path: Path) -> None:
-    lock, marker = tmp_path / "host.lock", tmp_path / "unit-file"
-    holder = _later_holder(lock, marker)
+    lock = tmp_path / "host.lock"
+    holder = _later_holder(lock)
     assert holder.stdin is not None
     holder.stdin.write("...")
     holder.stdin.close()  # the client ends what it started: no spec comes
@@ -245,8 +265,8 @@ def test_a_holder_started_before_a_plan_that_failed_lets_go_without_probing(tmp_
 
 
 def test_a_holder_told_null_holds_the_lock_without_probing(tmp_path: Path) -> None:
-    lock, marker = tmp_path / "host.lock", tmp_path / "unit-file"
-    holder = _later_holder(lock, marker)
+    lock = tmp_path / "host.lock"
+    holder = _later_holder(lock)
     assert holder.stdin is not None
     try:
         holder.stdin.write("null\n")

@@ -15,10 +15,15 @@ them: where one is busy, sessions.open_sessions lets go of all and takes them in
 A dial that failed here is that host's error (it is not dialled twice). When deploy does not need
 what was started (the plan failed, Ctrl-C), ``close`` ends it: each holder sees its stdin close
 and exits without probing, and its lock goes with it.
+
+So the locks are taken before the plan is built, and held while it is (with the heartbeat): through
+a release's ``--help`` being read from a host (apply/learn.py) too, and for a plan that then fails.
+Another gpudeploy run that wants one of these hosts meanwhile waits, as it would a moment later.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 from ..errors import GpudeployError
@@ -41,23 +46,27 @@ class _Early:
     def run(self, lock: threading.Lock) -> None:
         result: Started | GpudeployError | None = None
         try:
+            result = self._dial()
+        finally:  # whatever happened, take() must not wait for ever
+            with lock:  # done and unwanted change under the lock: either close() or this thread ends it
+                self.result = result
+                self.done.set()
+                unwanted = self.unwanted
+            if unwanted:
+                _end(result)
+
+    def _dial(self) -> Started | GpudeployError | None:
+        try:
             remote = connect(self.host)
             remote.open()
         except GpudeployError as exc:
-            result = exc
+            return exc
         except Exception:  # anything else: deploy dials the host itself, as without a head start
-            result = None
-        else:
-            try:
-                result = (remote, HostLock(remote, 0).start(probe_later=True))
-            except (GpudeployError, OSError):
-                result = (remote, None)  # deploy starts the holder itself, and says what goes wrong then
-        with lock:  # done and unwanted change under the lock: either close() or this thread ends it
-            self.result = result
-            self.done.set()
-            unwanted = self.unwanted
-        if unwanted:
-            _end(result)
+            return None
+        try:
+            return remote, HostLock(remote, 0).start(probe_later=True)
+        except Exception:  # deploy starts the holder itself, and says what goes wrong then
+            return remote, None
 
 
 class EarlyLocks:
@@ -68,9 +77,14 @@ class EarlyLocks:
             # the main thread's imports and the handshake began only once both were done.
             from ..remote import ssh  # noqa: F401
         self.lock = threading.Lock()
-        self.early = {h.name: _Early(h) for h in placed[:forks_for(len(placed))]}
-        for e in self.early.values():
-            threading.Thread(target=e.run, args=(self.lock,), daemon=True, name=f"early-{e.host.name}").start()
+        self.early: dict[str, _Early] = {}
+        for h in placed[:forks_for(len(placed))]:
+            e = _Early(h)
+            try:
+                threading.Thread(target=e.run, args=(self.lock,), daemon=True, name=f"early-{h.name}").start()
+            except RuntimeError:  # no thread to be had: the rest are dialled by deploy, as without this
+                break
+            self.early[h.name] = e
 
     def take(self, host: Host) -> Started | GpudeployError | None:
         """The host's connection and started holder, or its dial's error; None where nothing was
@@ -100,6 +114,10 @@ class EarlyLocks:
 def _end(result: Started | GpudeployError | None) -> None:
     if isinstance(result, tuple):
         remote, held = result
-        if held is not None:
-            held.__exit__()
-        remote.close()
+        # Let go of what deploy did not need; a connection that is already broken has nothing to say
+        # that matters more than the error the command ends with.
+        with contextlib.suppress(Exception):
+            if held is not None:
+                held.__exit__()
+        with contextlib.suppress(Exception):
+            remote.close()

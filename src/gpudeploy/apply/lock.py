@@ -11,6 +11,7 @@ its client has given up on it.
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import json
 import os
@@ -145,11 +146,10 @@ class HostLock:
     def finish(self, probe: dict[str, Any] | None, cancel: Cancel | None = None) -> HostLock:
         """A holder started with ``probe_later``: send the probe's spec (None: no probe), then wait."""
         self.probe, self.cancel = probe, cancel
-        try:
-            with self.sending:
-                self._chan().sendall(json.dumps(probe).encode() + b"\n")
-        except OSError:
-            pass  # the holder has exited (busy, timed out): wait() reads why
+        # The holder may have exited (busy, timed out) or the connection broken meanwhile (paramiko
+        # raises OSError or EOFError): wait() reads and says why.
+        with contextlib.suppress(Exception), self.sending:
+            self._chan().sendall(json.dumps(probe).encode() + b"\n")
         return self.wait()
 
     def wait(self) -> HostLock:
@@ -202,7 +202,7 @@ class HostLock:
                     chan.sendall(b".")
             except TimeoutError:
                 continue  # a slow moment: the holder allows HEARTBEAT_TIMEOUT_S
-            except OSError:
+            except Exception:  # the channel or the connection is gone (paramiko: OSError, EOFError)
                 return
 
     def __exit__(self, *exc: object) -> None:
