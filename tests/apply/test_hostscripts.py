@@ -195,6 +195,13 @@ def test_a_holder_with_a_probe_reads_the_facts_once_it_holds_the_lock(tmp_path: 
             p.wait()
 
 
+def _let_go(proc: subprocess.Popen[str]) -> None:
+    """The client ends: the holder sees its stdin close and lets go of the lock."""
+    assert proc.stdin is not None
+    proc.stdin.close()
+    proc.wait(timeout=10)
+
+
 def _later_holder(lock: Path) -> subprocess.Popen[str]:
     from gpudeploy.apply.lock import LATER, holder_argv
 
@@ -222,9 +229,7 @@ def test_a_holder_started_before_the_plan_probes_with_the_spec_sent_later(tmp_pa
         while True:
             waiter = _holder(lock, 0, 30)
             first = _first_line(waiter)
-            assert waiter.stdin is not None
-            waiter.stdin.close()
-            waiter.wait(timeout=10)
+            _let_go(waiter)
             if first.startswith("busy"):
                 break
             assert time.monotonic() < deadline, "the early holder never took the lock"
@@ -256,9 +261,7 @@ def test_a_holder_started_before_a_plan_that_failed_lets_go_without_probing(tmp_
         assert holder.stdout is not None and holder.stdout.read() == ""  # no probe ran, nothing said
         free = _holder(lock, 0, 30)
         assert _first_line(free) == "locked"
-        assert free.stdin is not None
-        free.stdin.close()
-        free.wait(timeout=5)
+        _let_go(free)
     finally:
         holder.kill()
         holder.wait()
