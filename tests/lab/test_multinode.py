@@ -89,7 +89,9 @@ def test_a_group_over_two_hosts_gates_fails_with_the_killed_ranks_cause_and_tear
     assert td.stdout.count("clean: no process left") == 2, td.stdout
     for h in ("lab1", "lab2"):
         assert unit_pids(lab, h, UNIT) == []
-        records = lab.ssh(h, "cat /run/gpudeploy-lab/gpu-procs/*.json 2>/dev/null").stdout
+        # one record per file, without a newline at its end: one per line here
+        records = lab.ssh(h, 'for f in /run/gpudeploy-lab/gpu-procs/*.json; do [ -e "$f" ] && cat "$f" && echo; '
+                             'done').stdout
         pids = [json.loads(line)["pid"] for line in records.splitlines() if line.strip()]
         assert all(lab.ssh(h, f"test -e /proc/{p}").returncode != 0 for p in pids), (h, pids)
     assert unit_state(lab, "lab3", unit_name("mn", "rt")) == "active"  # no rank of the group: left alone
