@@ -10,8 +10,11 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from gpudeploy.apply.hostscripts import kill_exact_argv
 from gpudeploy.apply.lock import HOLDER
+from gpudeploy.model import Host
 
 
 def _start_ticks(pid: int) -> int:
@@ -278,3 +281,54 @@ def test_a_holder_told_null_holds_the_lock_without_probing(tmp_path: Path) -> No
     finally:
         holder.kill()
         holder.wait()
+
+
+def _here() -> Host:
+    """This machine as a ``connection: local`` host that runs our own python."""
+    from dataclasses import replace
+
+    from gpudeploy.inventory import load_inventory
+
+    inv = load_inventory(str(Path(__file__).resolve().parents[2] / "inventory" / "lab.yml"))
+    return replace(next(iter(inv.hosts.values())), python=sys.executable, connection="local")
+
+
+def test_a_probes_second_stage_is_read_only_when_asked_and_under_the_lock(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Deploy's probe in two stages (apply/probe_stages.py): the holder answers the first at once and
+    reads the spec's ``later`` only when the client asks, still holding the lock, as the host is then."""
+    import hashlib
+
+    from gpudeploy.apply import lock as lockmod
+    from gpudeploy.remote.local import LocalTransport
+
+    monkeypatch.setattr(lockmod, "LOCK_PATH", str(tmp_path / "host.lock"))
+    early, late = tmp_path / "unit-file", tmp_path / "gpu-file"
+    early.write_text("a")
+    remote = LocalTransport(_here())
+    held = lockmod.HostLock(remote, 0, probe={"units": [], "files": [str(early)], "later": {"files": [str(late)]}})
+    with held:
+        assert held.facts is not None and held.facts["files"] == {str(early): hashlib.sha256(b"a").hexdigest()}
+        waiter = _holder(tmp_path / "host.lock", 0, 30)
+        assert _first_line(waiter).startswith("busy") and _first_line(waiter) == "timeout"
+        late.write_text("b")  # written after the first stage: the second reads it
+        more = held.more()
+        assert more is not None and more["files"] == {str(late): hashlib.sha256(b"b").hexdigest()}
+        waiter = _holder(tmp_path / "host.lock", 0, 30)  # still held after the second stage
+        assert _first_line(waiter).startswith("busy") and _first_line(waiter) == "timeout"
+    free = _holder(tmp_path / "host.lock", 0, 30)
+    assert _first_line(free) == "locked"
+    _let_go(free)
+
+
+def test_a_holder_asked_for_a_second_stage_it_was_not_given_answers_none_at_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpudeploy.apply import lock as lockmod
+    from gpudeploy.remote.local import LocalTransport
+
+    monkeypatch.setattr(lockmod, "LOCK_PATH", str(tmp_path / "host.lock"))
+    remote = LocalTransport(_here())
+    with lockmod.HostLock(remote, 0, probe={"units": []}) as held:
+        started = time.monotonic()
+        assert held.more() is None  # deploy then probes on its own
+        assert time.monotonic() - started < lockmod.PROBE_S

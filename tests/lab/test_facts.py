@@ -88,3 +88,21 @@ def test_a_host_running_another_release_than_the_inventory_says_is_refused(deplo
     res = gd("deploy", "--inventory", str(inv), "--host", "lab3")
     assert res.returncode == 1 and "has sglang 0.5.10, but the plan rendered role srv's flags for 0.5.23" \
         in res.stdout, res.stdout
+
+
+def test_a_redeploy_that_changes_nothing_reads_no_gpus_and_one_that_changes_something_does(
+        deployments: Deployments, lab3_as_found: str) -> None:
+    # Deploy's probe in two stages (apply/probe_stages.py): GPUs, ports and releases guard a start,
+    # so they are read only when something will start. NVML gone after the deploy shows which it was.
+    inv = deployments.inventory("fst", {"srv": standin_role(None)}, host="lab3")
+    first = gd("deploy", "--inventory", str(inv))
+    assert first.returncode == 0, first.stdout + first.stderr
+    control.remove_nvml("lab3")
+    again = gd("deploy", "--inventory", str(inv))
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "[lab3/srv] unchanged and healthy" in again.stdout, again.stdout
+    changed = deployments.inventory("fst", {"srv": standin_role(None, settings={"cuda_graph_max_bs": 16})},
+                                    host="lab3")
+    res = gd("deploy", "--inventory", str(changed))
+    assert res.returncode == 1 and "cannot check the declared GPUs: NVML init failed" in res.stdout, res.stdout
+    assert "preflight failed, nothing was changed" in res.stdout, res.stdout

@@ -12,6 +12,7 @@ decode, then prefill), unless ``keep_on_failure``. The report says exactly what 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,9 +34,10 @@ from ..verify.gate import request_timeout
 from ..verify.group import GroupLinks, rank_words, root_cause
 from ..verify.liveness import live_urls
 from ..verify.smoke import SmokeResult, smoke_test
-from . import check, preflight, rolling, rollout, surges
+from . import check, preflight, probe_stages, rolling, rollout, surges
 from .deploy import Options, UnitOutcome, calibrate, desired_files, file_hashes, secrets_for, start_and_gate
 from .early_locks import EarlyLocks
+from .lock import HostLock
 from .order import stop_rank, upstreams_of
 from .sessions import open_sessions
 
@@ -54,6 +56,7 @@ class HostSession:
     facts: dict[str, Any] = field(default_factory=dict)
     states: dict[str, UnitState] = field(default_factory=dict)
     healthy: dict[str, bool] = field(default_factory=dict)
+    lock: HostLock | None = None  # the host lock's holder (it reads the probe's second stage)
     # unit -> the files it ran from before this deploy changed them (only units that were healthy):
     # what a failed redeploy puts back
     previous: dict[str, dict[str, tuple[bytes, int]]] = field(default_factory=dict)
@@ -204,12 +207,40 @@ def probe_spec(host: Host, mine: list[Unit], units: list[Unit]) -> dict[str, Any
 def _open(hosts: list[Host], units: list[Unit], opts: Options, cancel: Cancel, stack: ExitStack,
           result: DeployResult, early: EarlyLocks | None = None) -> dict[str, HostSession]:
     # The probe rides on the lock's round trip: deploy's facts are read once the lock is held.
-    specs = {h.name: probe_spec(h, [u for u in units if u.host.name == h.name], units) for h in hosts}
+    # In two stages (probe_stages.py): what a start needs is read only if something will start.
+    specs = {h.name: probe_stages.staged(probe_spec(h, [u for u in units if u.host.name == h.name], units))
+             for h in hosts}
     opened, errors = open_sessions(hosts, opts.lock_wait_s, cancel, stack, specs, early)
     for name, error in errors.items():
         _host_failed(result, units, name, error)
     return {name: HostSession(s.host, s.remote, s.supervisor, [u for u in units if u.host.name == name],
-                              facts=s.facts or {}) for name, s in opened.items()}
+                              facts=probe_stages.first_facts(s.facts or {}), lock=s.lock)
+            for name, s in opened.items()}
+
+
+def _unreachable(host: Host, facts: dict[str, Any]) -> list[str]:
+    return [f"{r['from']} cannot reach {r['address']}:{r['port']} ({r['what']}) from {host.name}: {r['result']}"
+            for r in facts.get("reach", []) if r["result"].startswith("unreachable")]
+
+
+def _refuse(host: Host, problems: list[str]) -> None:
+    if problems:
+        raise RemoteError(host.name, "preflight failed, nothing was changed:\n"
+                          + "\n".join(f"  - {p}" for p in problems))
+
+
+def _unchanged(s: HostSession, u: Unit) -> bool:
+    """The unit's files are what the plan wants, and it runs and answers healthy: it stays as it is."""
+    want = file_hashes(s.files[u.name])
+    return all(s.facts["files"].get(p) == h for p, h in want.items()) and s.states[u.name].active \
+        and bool(s.healthy.get(u.name))
+
+
+def _all_unchanged(sessions: dict[str, HostSession], units: list[Unit]) -> bool:
+    """Every unit on every host stays as it is, and no surge copy of an earlier roll is there."""
+    found = {n: surges.Where(s.remote, s.supervisor, s.states, s.facts) for n, s in sessions.items()}
+    return all(_unchanged(s, u) for s in sessions.values() for u in s.units) \
+        and not surges.left([u for u in units if u.host.name in sessions], found)
 
 
 def _host_failed(result: DeployResult, units: list[Unit], host: str, error: GpudeployError) -> None:
@@ -235,17 +266,30 @@ def _run(plan: Plan, sessions: dict[str, HostSession], units: list[Unit], secret
         s.states = s.supervisor.states(s.facts)
         s.healthy = {u.name: (s.facts.get("http", {}).get(u.name) or {}).get("status") == 200
                      for u in s.units if u.health_url and s.states[u.name].active}
-        found = preflight.problems(host, s.units, s.facts, s.states, s.supervisor, force=opts.force)
-        found += [f"{r['from']} cannot reach {r['address']}:{r['port']} ({r['what']}) from {host.name}: "
-                  f"{r['result']}" for r in s.facts.get("reach", []) if r["result"].startswith("unreachable")]
-        if found:
-            raise RemoteError(host.name, "preflight failed, nothing was changed:\n"
-                              + "\n".join(f"  - {p}" for p in found))
 
-    for name, res in for_each_host([s.host for s in live("*")], prepare, cancel).items():
-        if isinstance(res, GpudeployError):
-            _host_failed(result, units, name, res)
-            sessions.pop(name)
+    def check_host(host: Host) -> None:
+        s = sessions[host.name]
+        if not probe_stages.complete(s.facts):
+            more = s.lock.more() if s.lock is not None else None
+            if more is None:  # the holder could not answer: ask on our own (its error is the one to say)
+                more = probe(s.remote, probe_stages.second_spec(probe_spec(host, s.units, units)))
+            s.facts = probe_stages.merged(s.facts, more)
+        _refuse(host, preflight.problems(host, s.units, s.facts, s.states, s.supervisor, force=opts.force)
+                + _unreachable(host, s.facts))
+
+    def check_reach(host: Host) -> None:
+        _refuse(host, _unreachable(host, sessions[host.name].facts))
+
+    def each_host(step: Callable[[Host], None]) -> None:
+        for name, res in for_each_host([s.host for s in live("*")], step, cancel).items():
+            if isinstance(res, GpudeployError):
+                _host_failed(result, units, name, res)
+                sessions.pop(name)
+
+    each_host(prepare)
+    # Nothing to start anywhere (a redeploy where nothing changed): nothing for the rest of the
+    # preflight to guard; a peer the host cannot reach breaks what runs, so that is still said.
+    each_host(check_host if opts.check or not _all_unchanged(sessions, units) else check_reach)
     if opts.check:
         for s in sessions.values():
             for u in s.units:
@@ -275,7 +319,7 @@ def _run(plan: Plan, sessions: dict[str, HostSession], units: list[Unit], secret
         for u in (u for u in s.units if ok(u)):
             want = file_hashes(s.files[u.name])
             state = s.states[u.name]
-            if all(s.facts["files"].get(p) == h for p, h in want.items()) and state.active and s.healthy.get(u.name):
+            if _unchanged(s, u):
                 outcomes[u.key] = UnitOutcome(u, "unchanged", True, state.main_pid,
                                               message="unchanged and healthy; not restarted")
                 say(f"[{host.name}/{u.role.name}] unchanged and healthy (MainPID {state.main_pid}); not restarted")

@@ -35,7 +35,10 @@ PROBE_S = 60.0  # what the host probe may take (facts.probe's default timeout)
 # arriving on stdin. With a probe, it runs the host probe once it holds the lock and says
 # "locked <facts JSON>": deploy's facts come in the lock's own round trip (issue 26), read under the lock.
 # PROBE_SPEC "-": the spec comes on stdin once the client has planned (deploy's head start,
-# apply/early_locks.py), one line of JSON after any heartbeat dots; "null" there: no probe.
+# apply/early_locks.py), one line of JSON after any heartbeat dots; "null" there: no probe. The
+# probe's script is compiled and run while the spec is awaited. A spec's "later" (a spec itself) is
+# probed only when the client asks, with a "+" among its heartbeat dots: "more <facts JSON>"
+# (deploy's second stage, apply/probe_stages.py).
 HOLDER = r"""
 import fcntl, json, os, select, sys, time
 path, holder, wait_s, beat_s = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
@@ -64,6 +67,13 @@ while True:
 os.ftruncate(fd, 0)
 os.pwrite(fd, holder.encode(), 0)
 spec = sys.argv[6] if len(sys.argv) > 6 else None
+probe = {"__name__": "gpudeploy_probe"}
+loaded = None
+if spec is not None:
+    try:
+        exec(compile(sys.argv[5], "gpudeploy_probe", "exec"), probe)
+    except Exception as exc:
+        loaded = exc
 if spec == "-":
     while b"\n" not in got:
         ready, _, _ = select.select([0], [], [], beat_s)
@@ -73,22 +83,35 @@ if spec == "-":
         got += data
     spec = got.split(b"\n", 1)[0].lstrip(b".").decode()
     spec = None if spec == "null" else spec
+def answer(word, spec):
+    try:
+        if loaded is not None:
+            raise loaded
+        facts = json.dumps(probe["main"](spec))
+    except Exception as exc:  # the client probes again on its own and reports that one's error
+        facts = json.dumps({"probe_error": type(exc).__name__ + ": " + str(exc)})
+    print(word + " " + facts, flush=True)
+later = None
 if spec is not None:
     try:
-        probe = {"__name__": "gpudeploy_probe"}
-        exec(compile(sys.argv[5], "gpudeploy_probe", "exec"), probe)
-        print("locked " + json.dumps(probe["main"](json.loads(spec))), flush=True)
-    except Exception as exc:  # the client probes again on its own and reports that one's error
-        print("locked " + json.dumps({"probe_error": type(exc).__name__ + ": " + str(exc)}), flush=True)
+        spec = json.loads(spec)
+        later = spec.pop("later", None)
+    except Exception:
+        pass
+    answer("locked", spec)
 else:
     print("locked", flush=True)
 last = time.monotonic()
 while True:
     ready, _, _ = select.select([0], [], [], beat_s)
     if ready:
-        if not os.read(0, 4096):
+        data = os.read(0, 4096)
+        if not data:
             break  # the channel closed: we are done
         last = time.monotonic()
+        if b"+" in data and later is not None:
+            answer("more", later)
+            later = None
     elif time.monotonic() - last >= beat_s:
         break  # no heartbeat: the client crashed or was cut off
 """
@@ -126,6 +149,7 @@ class HostLock:
         self.stopped = threading.Event()
         self.beat: threading.Thread | None = None
         self.sending = threading.Lock()  # a heartbeat dot never lands inside the spec's line
+        self.buf = b""  # what the holder wrote after its last whole line
 
     def __enter__(self) -> HostLock:
         self.start()
@@ -154,41 +178,63 @@ class HostLock:
 
     def wait(self) -> HostLock:
         """Read the holder's answer: locked (with the probe's facts), or why not."""
-        chan = self._chan()
-        chan.settimeout(0.2)
-        buf = b""
         # the holder gives up first, by itself; a probe it runs may take the probe's own time
         extra = PROBE_S + float(self.probe.get("http_timeout", 0.0)) if self.probe is not None else 0.0
         deadline = time.monotonic() + self.wait_s + 5.0 + extra
         try:
-            while time.monotonic() < deadline:
-                if self.cancel is not None and self.cancel.is_set():
-                    raise RemoteError(self.remote.host.name, "interrupted while waiting for the host lock")
-                try:
-                    data = chan.recv(4096)
-                except TimeoutError:
-                    continue
-                if not data:
-                    raise RemoteError(self.remote.host.name, "the lock helper exited: "
-                                      + chan.recv_stderr(4096).decode(errors="replace")[-300:])
-                buf += data
-                while b"\n" in buf:
-                    line, buf = buf.split(b"\n", 1)
-                    text = line.decode(errors="replace")
-                    if text == "locked":
-                        return self
-                    if text.startswith("locked "):
-                        self.facts = _facts(text[7:])
-                        return self
-                    if text == "timeout":
-                        raise LockBusy(self.remote.host.name, "another gpudeploy run held the host lock "
-                                       f"for over {self.wait_s:g} s")
-                    if text.startswith("busy") and self.on_wait is not None:
-                        self.on_wait(text[5:])
+            while (text := self._line(deadline)) is not None:
+                if text == "locked":
+                    return self
+                if text.startswith("locked "):
+                    self.facts = _facts(text[7:])
+                    return self
+                if text == "timeout":
+                    raise LockBusy(self.remote.host.name, "another gpudeploy run held the host lock "
+                                   f"for over {self.wait_s:g} s")
+                if text.startswith("busy") and self.on_wait is not None:
+                    self.on_wait(text[5:])
             raise RemoteError(self.remote.host.name, f"no answer from the lock helper within {self.wait_s:g} s")
         except (GpudeployError, OSError):
             self.__exit__()
             raise
+
+    def more(self) -> dict[str, Any] | None:
+        """The probe's second stage (its spec's ``later``), read by the holder under the lock: its
+        facts, or None where it could not answer (the caller probes on its own and says why)."""
+        later = (self.probe or {}).get("later")
+        if later is None:
+            return None
+        deadline = time.monotonic() + PROBE_S + 5.0 + float(later.get("http_timeout", 0.0))
+        try:
+            with self.sending:
+                self._chan().sendall(b"+")
+            while (text := self._line(deadline)) is not None:
+                if text.startswith("more "):
+                    return _facts(text[5:])
+        except (GpudeployError, OSError, EOFError):
+            if self.cancel is not None and self.cancel.is_set():
+                raise
+        return None
+
+    def _line(self, deadline: float) -> str | None:
+        """The holder's next line; None at the deadline. RemoteError where the holder exited."""
+        chan = self._chan()
+        chan.settimeout(0.2)
+        while b"\n" not in self.buf:
+            if time.monotonic() >= deadline:
+                return None
+            if self.cancel is not None and self.cancel.is_set():
+                raise RemoteError(self.remote.host.name, "interrupted while waiting for the host lock")
+            try:
+                data = chan.recv(4096)
+            except TimeoutError:
+                continue
+            if not data:
+                raise RemoteError(self.remote.host.name, "the lock helper exited: "
+                                  + chan.recv_stderr(4096).decode(errors="replace")[-300:])
+            self.buf += data
+        line, self.buf = self.buf.split(b"\n", 1)
+        return line.decode(errors="replace")
 
     def _chan(self) -> Stream:
         if self.chan is None:

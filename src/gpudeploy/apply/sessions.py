@@ -29,6 +29,7 @@ class Session:
     remote: Transport
     supervisor: Supervisor
     facts: dict[str, Any] | None = None  # the host probe's, read with the lock (when asked for)
+    lock: HostLock | None = None  # its holder answers a probe's second stage (HostLock.more)
 
 
 def _waiting(host: str) -> Callable[[str], None]:
@@ -90,7 +91,7 @@ def open_sessions(hosts: list[Host], lock_wait_s: float, cancel: Cancel | None, 
         lock = locks[h.name]
         if isinstance(lock, HostLock):
             stack.callback(lock.__exit__)
-            sessions[h.name] = Session(h, remotes[h.name], for_host(h), lock.facts)
+            sessions[h.name] = Session(h, remotes[h.name], for_host(h), lock.facts, lock)
         else:
             errors[h.name] = lock
     return sessions, errors
