@@ -9,12 +9,19 @@ in turn, on a quiet machine (fleet.settle), so slow and fast moments fall on eve
     status      first call (a fresh control folder: its own handshake), then again (warm)
     redeploy    nothing changed
 
+``--bounds`` adds what any Python command on invoke pays on the way, with no gpudeploy code:
+``python -c pass``, ``python -c "import invoke"``, and ``bench/bound_client.py``'s two ways to run
+``true`` on the host over a fresh connection once invoke is imported (OpenSSH's ``ssh``; paramiko,
+imported then), and paramiko's way with the host's python instead of ``true``: no redeploy can be
+quicker than the quicker of the first two here, none that runs a python on the host (gpudeploy's
+lock holder and probe do) quicker than the third.
+
 ``--without-bytecode`` adds a second gpudeploy arm: the same source, copied without any ``.pyc``
 and put first on ``PYTHONPATH``, as a checkout without bytecode runs under PYTHONDONTWRITEBYTECODE.
 ``--baseline REV`` adds instead the gpudeploy of another commit (its ``src``, from ``git archive``,
 compiled as setup.sh does). Lab: one host (booted if needed, left as found).
 
-    .venv/bin/python bench/ab.py [--rounds 10] [--without-bytecode | --baseline REV] [--out DIR]
+    .venv/bin/python bench/ab.py [--rounds 10] [--bounds] [--without-bytecode | --baseline REV] [--out DIR]
 """
 
 from __future__ import annotations
@@ -61,6 +68,7 @@ def main() -> None:
     other = ap.add_mutually_exclusive_group()
     other.add_argument("--without-bytecode", action="store_true")
     other.add_argument("--baseline", metavar="REV")
+    ap.add_argument("--bounds", action="store_true", help="time the parts any Python command on invoke pays")
     ap.add_argument("--out", default=str(HERE / "results"))
     ap.add_argument("--date", default=datetime.date.today().isoformat())
     args = ap.parse_args()
@@ -90,6 +98,16 @@ def main() -> None:
             floors = {"floor: ssh true": F.labctl.ssh_argv(address, "true"),
                       "floor: ssh systemctl show": F.labctl.ssh_argv(
                           address, f"systemctl show -p MainPID,ActiveState,SubState,InvocationID {unit}")}
+            if args.bounds:
+                py = sys.executable
+                lab = [str(F.labctl.config.SSH_KEY), str(F.labctl.config.KNOWN_HOSTS), address]
+                floors |= {"bound: python -c pass": [py, "-c", "pass"],
+                           "bound: import invoke": [py, "-c", "import invoke"],
+                           "bound: import invoke, then ssh true": [py, str(HERE / "bound_client.py"), "openssh", *lab],
+                           "bound: import invoke, paramiko, true": [py, str(HERE / "bound_client.py"), "paramiko",
+                                                                    *lab],
+                           "bound: import invoke, paramiko, host python": [
+                               py, str(HERE / "bound_client.py"), "paramiko-python", *lab]}
             times: dict[str, list[float]] = {}
 
             def timed(name: str, argv: list[str], e: dict[str, str] | None) -> None:
@@ -124,13 +142,14 @@ def main() -> None:
     floor_show, floor_true = med["floor: ssh systemctl show"], med["floor: ssh true"]
     lines = [f"{args.date}, one host, {args.rounds} interleaved rounds (medians, seconds)"]
     for k, v in med.items():
-        base = floor_true if k.endswith("redeploy") or k == "floor: ssh true" else floor_show
+        base = floor_true if k.endswith("redeploy") or k.startswith("bound:") or k == "floor: ssh true" else floor_show
         lines.append(f"  {k:45s} {v:.3f}  ({v / base:.2f}x the floor)")
     text = "\n".join(lines)
     print(text)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     suffix = "-without-bytecode" if args.without_bytecode else f"-vs-{args.baseline}" if args.baseline else ""
+    suffix += "-bounds" if args.bounds else ""
     path = out / f"ab-{args.date}{suffix}.json"
     path.write_text(json.dumps(doc, indent=1) + "\n")
     print(path)

@@ -7,7 +7,10 @@
 Issue 26's floor, in gpudeploy's turn of every round, right before its status (units running): N
 parallel ``ssh host true`` (the lab's ssh options, OpenSSH's defaults otherwise), fresh and over control
 masters opened beforehand, and one ``systemctl show`` of each host's unit both ways; every gpudeploy
-figure is printed as a multiple of the floor it compares with, with the issue's targets. ``--profile``
+figure is printed as a multiple of the floor it compares with, with the issue's targets. Beside it,
+the bounds (``bench/bound_client.py``): ``import invoke`` and then the same N ``ssh host true``, or
+paramiko's N connections each running ``true`` (the least any command on invoke pays), or the host's
+python instead of ``true`` (the least one whose work on a host is a python there). ``--profile``
 keeps, per N, cProfile of a redeploy and a status and ``ssh -v`` of one host (``<out>/fleet-<date>-profile-N*.txt``).
 
 Needs root (the lab) and ansible-core + matplotlib in .bench-venv (``python3 -m venv .bench-venv &&
@@ -115,6 +118,10 @@ FLOOR = {
     "floor_ssh_master": "the same over an already-open control master",
     "floor_state": "N parallel `ssh host systemctl show` of the unit, fresh connections",
     "floor_state_master": "the same over an already-open control master",
+    # bench/bound_client.py: no command on invoke that runs anything on the hosts is quicker
+    "bound_openssh": "bound: `import invoke`, then N parallel `ssh host true`",
+    "bound_paramiko": "bound: `import invoke`, paramiko, N threads each connecting and running `true`",
+    "bound_paramiko_python": "bound: the same running the host's `python3 -c pass` (what gpudeploy's host work is)",
 }
 FLOOR_SHORT = {"floor_ssh": "N x `ssh host true`", "floor_state": "N x `ssh host systemctl show`"}
 # gpudeploy figure -> (the floor it is a ratio to, the target ratio or None)
@@ -464,6 +471,16 @@ def floor(fleet: Fleet, masters: Path, before_each: Callable[[], None] = lambda:
         out["floor_ssh_master"] = parallel_wall([argv(h, "true", True) for h in fleet.hosts])
         before_each()
         out["floor_state_master"] = parallel_wall([argv(h, show[h], True) for h in fleet.hosts])
+        # What a Python command on invoke pays at the least to run anything on these hosts (no
+        # gpudeploy code): invoke's import, then the floor's ssh or paramiko's connections.
+        bound = [sys.executable, str(REPO / "bench" / "bound_client.py")]
+        lab = [str(labctl.config.SSH_KEY), str(labctl.config.KNOWN_HOSTS), *addrs.values()]
+        before_each()
+        out["bound_openssh"] = parallel_wall([[*bound, "openssh", *lab]])
+        before_each()
+        out["bound_paramiko"] = parallel_wall([[*bound, "paramiko", *lab]])
+        before_each()
+        out["bound_paramiko_python"] = parallel_wall([[*bound, "paramiko-python", *lab]])
     finally:
         for h in opened:  # the masters this function started, each by its own control socket
             a = labctl.ssh_argv(addrs[h], "true")
@@ -529,7 +546,8 @@ def measure(tool: Tool, fleet: Fleet, state: Path, log: Callable[[str], None]) -
     rec["redeploy"] = keep("redeploy", r, r.rc == 0 and same and unchanged)
     # the floor, right before status, with the same units running (measured in gpudeploy's turn)
     if gd and ok:
-        parts = iter(("floor_ssh", "floor_state", "floor_ssh_master", "floor_state_master"))
+        parts = iter(("floor_ssh", "floor_state", "floor_ssh_master", "floor_state_master", "bound_openssh",
+                      "bound_paramiko", "bound_paramiko_python"))
         rec.update(floor(fleet, state / "masters", lambda: quiet(next(parts), fleet.n)))
     # status, twice
     quiet("status", fleet.n)
