@@ -339,9 +339,11 @@ class Tool:
             return run(gd_argv("deploy", "--inventory", str(inv)), env=gd_env(state))
         return self._playbook(fleet, kind, "deploy.yml", state)
 
-    def status(self, fleet: Fleet, state: Path) -> Run:
+    def status(self, fleet: Fleet, state: Path, control: Path | None = None) -> Run:
+        """``control``: gpudeploy's folder of shared ssh connections (its default is the user's)."""
         if self.name == "gpudeploy":
-            return run(gd_argv("status", "--inventory", str(fleet.good)), env=gd_env(state))
+            env = gd_env(state) | ({"GPUDEPLOY_SSH_CONTROL_DIR": str(control)} if control is not None else {})
+            return run(gd_argv("status", "--inventory", str(fleet.good)), env=env)
         return run([str(ANSIBLE), "lab", "-i", str(fleet.root / "ansible-good" / "hosts.ini"), *self._forks(),
                     "-m", "command", "-a", "systemctl show -p MainPID,ActiveState,SubState {{ unit }}"],
                    env=ansible_env(state))
@@ -491,6 +493,14 @@ def floor(fleet: Fleet, masters: Path, before_each: Callable[[], None] = lambda:
     return out
 
 
+def close_masters(control: Path) -> None:
+    """End the ssh masters gpudeploy's status opened in ``control``, each by its own socket."""
+    for sock in control.iterdir():
+        if sock.is_socket():
+            subprocess.run(["ssh", "-o", f"ControlPath={sock}", "-O", "exit", "lab"], capture_output=True,
+                           check=False, timeout=30)
+
+
 def clean(fleet: Fleet, state: Path) -> None:
     """Whatever a failed step left: gpudeploy's teardown --purge of both inventories removes any unit of
     the benchmark's deployments, also those Ansible wrote."""
@@ -549,13 +559,17 @@ def measure(tool: Tool, fleet: Fleet, state: Path, log: Callable[[str], None]) -
         parts = iter(("floor_ssh", "floor_state", "floor_ssh_master", "floor_state_master", "bound_openssh",
                       "bound_paramiko", "bound_paramiko_python"))
         rec.update(floor(fleet, state / "masters", lambda: quiet(next(parts), fleet.n)))
-    # status, twice
+    # status, twice. Its first call makes its own connections: a control folder of this round's own
+    # (the user's default one still held the last round's masters, alive for 120 s after its status,
+    # so at 1-8 hosts, whose rounds take 25-40 s, a "first" call was warm in runs A-H).
+    control = Path(tempfile.mkdtemp(prefix="ctl-", dir=state))
     quiet("status", fleet.n)
-    r = tool.status(fleet, state)
+    r = tool.status(fleet, state, control)
     rec["status"] = keep("status", r, r.rc == 0)
     quiet("status_warm", fleet.n)
-    r = tool.status(fleet, state)
+    r = tool.status(fleet, state, control)
     rec["status_warm"] = keep("status_warm", r, r.rc == 0)
+    close_masters(control)
     # teardown: nothing of it left
     quiet("teardown", fleet.n)
     r = tool.teardown(fleet, "good", state)
