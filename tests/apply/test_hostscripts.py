@@ -314,6 +314,8 @@ def test_a_probes_second_stage_is_read_only_when_asked_and_under_the_lock(tmp_pa
         late.write_text("b")  # written after the first stage: the second reads it
         more = held.more()
         assert more is not None and more["files"] == {str(late): hashlib.sha256(b"b").hexdigest()}
+        asked = time.monotonic()
+        assert held.more() is None and time.monotonic() - asked < 5  # answered once; not waited for again
         waiter = _holder(tmp_path / "host.lock", 0, 30)  # still held after the second stage
         assert _first_line(waiter).startswith("busy") and _first_line(waiter) == "timeout"
     free = _holder(tmp_path / "host.lock", 0, 30)
@@ -332,3 +334,21 @@ def test_a_holder_asked_for_a_second_stage_it_was_not_given_answers_none_at_once
         started = time.monotonic()
         assert held.more() is None  # deploy then probes on its own
         assert time.monotonic() - started < lockmod.PROBE_S
+
+
+def test_a_holder_gone_before_the_second_stage_is_a_lost_lock_not_a_probe_of_our_own(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its lock went with it: deploy must not go on to change the host (review of the two stages)."""
+    from gpudeploy.apply import lock as lockmod
+    from gpudeploy.errors import RemoteError
+    from gpudeploy.remote.local import LocalStream, LocalTransport
+
+    monkeypatch.setattr(lockmod, "LOCK_PATH", str(tmp_path / "host.lock"))
+    remote = LocalTransport(_here())
+    with lockmod.HostLock(remote, 0, probe={"units": [], "later": {"ports": True}}) as held:
+        assert held.facts is not None
+        assert isinstance(held.chan, LocalStream)
+        held.chan.proc.kill()  # our own holder, by its PID (its heartbeat stopped, or someone killed it)
+        held.chan.proc.wait()
+        with pytest.raises(RemoteError, match="lost the host lock"):
+            held.more()

@@ -274,6 +274,7 @@ def _run(plan: Plan, sessions: dict[str, HostSession], units: list[Unit], secret
             if more is None:  # the holder could not answer: ask on our own (its error is the one to say)
                 more = probe(s.remote, probe_stages.second_spec(probe_spec(host, s.units, units)))
             s.facts = probe_stages.merged(s.facts, more)
+            s.states = s.supervisor.states(s.facts)  # as of the same moment as the GPUs and ports
         _refuse(host, preflight.problems(host, s.units, s.facts, s.states, s.supervisor, force=opts.force)
                 + _unreachable(host, s.facts))
 

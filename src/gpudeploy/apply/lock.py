@@ -200,23 +200,29 @@ class HostLock:
 
     def more(self) -> dict[str, Any] | None:
         """The probe's second stage (its spec's ``later``), read by the holder under the lock: its
-        facts, or None where it could not answer (the caller probes on its own and says why)."""
+        facts, or None where the holder answered without them (the caller probes on its own and says
+        why). RemoteError where the holder is gone: the lock went with it."""
         later = (self.probe or {}).get("later")
         if later is None:
             return None
+        # The holder answers it once: asked again, this says None at once instead of waiting.
+        self.probe = {k: v for k, v in (self.probe or {}).items() if k != "later"}
         deadline = time.monotonic() + PROBE_S + 5.0 + float(later.get("http_timeout", 0.0))
         try:
             with self.sending:
                 self._chan().sendall(b"+")
-            while (text := self._line(deadline)) is not None:
+            while (text := self._line(deadline, "the host probe read the rest of the facts")) is not None:
                 if text.startswith("more "):
                     return _facts(text[5:])
-        except (GpudeployError, OSError, EOFError):
+            return None
+        except (GpudeployError, OSError, EOFError) as exc:
             if self.cancel is not None and self.cancel.is_set():
                 raise
-        return None
+            detail = exc.args[-1] if isinstance(exc, RemoteError) else f"{type(exc).__name__}: {exc}"
+            raise RemoteError(self.remote.host.name, "lost the host lock, nothing more was done there "
+                              f"({str(detail).removeprefix(self.remote.host.name + ': ')})") from None
 
-    def _line(self, deadline: float) -> str | None:
+    def _line(self, deadline: float, doing: str = "waiting for the host lock") -> str | None:
         """The holder's next line; None at the deadline. RemoteError where the holder exited."""
         chan = self._chan()
         chan.settimeout(0.2)
@@ -224,7 +230,7 @@ class HostLock:
             if time.monotonic() >= deadline:
                 return None
             if self.cancel is not None and self.cancel.is_set():
-                raise RemoteError(self.remote.host.name, "interrupted while waiting for the host lock")
+                raise RemoteError(self.remote.host.name, f"interrupted while {doing}")
             try:
                 data = chan.recv(4096)
             except TimeoutError:

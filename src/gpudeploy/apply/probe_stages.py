@@ -25,20 +25,24 @@ from typing import Any
 
 # spec key -> the key of its answer in the probe's facts (remote_probe.main)
 SECOND = {"ports": "listening", "gpus": "gpus", "versions": "versions", "topology": "topology"}
+# Read again in the second stage: preflight tells a unit's own processes from others' on its GPUs and
+# ports, so it needs them as of the same moment (an engine still starting forks workers meanwhile).
+AGAIN = ("units", "deployments", "journal_lines")
+AGAIN_ANSWERS = ("units", "process_units")
 
 
 def staged(spec: dict[str, Any]) -> dict[str, Any]:
     """The spec the holder runs first; the rest goes with it as ``later``."""
     first = {k: v for k, v in spec.items() if k not in SECOND}
-    later = {k: v for k, v in spec.items() if k in SECOND}
-    if later:
+    later = second_spec(spec)
+    if any(k in later for k in SECOND):
         first["later"] = later
     return first
 
 
 def second_spec(spec: dict[str, Any]) -> dict[str, Any]:
-    """What the second stage reads (for a probe of its own where the holder could not answer)."""
-    return {k: v for k, v in spec.items() if k in SECOND}
+    """What the second stage reads (also for a probe of its own where the holder could not answer)."""
+    return {k: v for k, v in spec.items() if k in SECOND or k in AGAIN}
 
 
 def first_facts(facts: dict[str, Any]) -> dict[str, Any]:
@@ -52,4 +56,6 @@ def complete(facts: dict[str, Any]) -> bool:
 
 
 def merged(facts: dict[str, Any], more: dict[str, Any]) -> dict[str, Any]:
-    return {**facts, **{key: more.get(key) for key in SECOND.values()}}
+    """The first stage's facts with the second's: its answers, and the units as it found them."""
+    return {**facts, **{key: more.get(key) for key in SECOND.values()},
+            **{key: more[key] for key in AGAIN_ANSWERS if key in more}}
