@@ -126,10 +126,8 @@ def main() -> None:
                     timed(f"{arm}: status, first call", F.gd_argv("status", "--inventory", str(fl.good)), e)
                     timed(f"{arm}: status, warm", F.gd_argv("status", "--inventory", str(fl.good)), e)
                     timed(f"{arm}: redeploy", F.gd_argv("deploy", "--inventory", str(fl.good)), e)
-                    for sock in ctl.iterdir() if ctl.is_dir() else []:
-                        if sock.is_socket():  # the master this round's status opened, by its own socket
-                            subprocess.run(["ssh", "-o", f"ControlPath={sock}", "-O", "exit", "lab"],
-                                           capture_output=True, check=False, timeout=30)
+                    if ctl.is_dir():
+                        F.close_masters(ctl)  # the masters this round's status opened
                 print(f"round {rnd + 1}: " + ", ".join(f"{k} {v[-1]:.3f}" for k, v in times.items()), flush=True)
             F.run(F.gd_argv("teardown", "--inventory", str(fl.good), "--purge"), env=env)
     finally:

@@ -17,7 +17,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import GpudeployError, InputError, RemoteError
+from ..errors import GpudeployError, InputError
 from ..facts.probe import probe
 from ..fanout import Cancel, Interrupted, for_each_host, say, show_progress
 from ..model import Host, Plan, Unit
@@ -223,12 +223,6 @@ def _unreachable(host: Host, facts: dict[str, Any]) -> list[str]:
             for r in facts.get("reach", []) if r["result"].startswith("unreachable")]
 
 
-def _refuse(host: Host, problems: list[str]) -> None:
-    if problems:
-        raise RemoteError(host.name, "preflight failed, nothing was changed:\n"
-                          + "\n".join(f"  - {p}" for p in problems))
-
-
 def _unchanged(s: HostSession, u: Unit) -> bool:
     """The unit's files are what the plan wants, and it runs and answers healthy: it stays as it is."""
     want = file_hashes(s.files[u.name])
@@ -275,11 +269,11 @@ def _run(plan: Plan, sessions: dict[str, HostSession], units: list[Unit], secret
                 more = probe(s.remote, probe_stages.second_spec(probe_spec(host, s.units, units)))
             s.facts = probe_stages.merged(s.facts, more)
             s.states = s.supervisor.states(s.facts)  # as of the same moment as the GPUs and ports
-        _refuse(host, preflight.problems(host, s.units, s.facts, s.states, s.supervisor, force=opts.force)
+        preflight.refuse(host, preflight.problems(host, s.units, s.facts, s.states, s.supervisor, force=opts.force)
                 + _unreachable(host, s.facts))
 
     def check_reach(host: Host) -> None:
-        _refuse(host, _unreachable(host, sessions[host.name].facts))
+        preflight.refuse(host, _unreachable(host, sessions[host.name].facts))
 
     def each_host(step: Callable[[Host], None]) -> None:
         for name, res in for_each_host([s.host for s in live("*")], step, cancel).items():

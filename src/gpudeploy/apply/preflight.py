@@ -78,9 +78,8 @@ def problems(host: Host, units: list[Unit], facts: dict[str, Any], states: dict[
     return out
 
 
-def check(host: Host, units: list[Unit], facts: dict[str, Any], states: dict[str, UnitState],
-          supervisor: Supervisor, *, force: bool) -> None:
-    found = problems(host, units, facts, states, supervisor, force=force)
+def refuse(host: Host, found: list[str]) -> None:
+    """Stop the host's deploy before anything of it changed, naming every problem ``found``."""
     if found:
         raise RemoteError(host.name, "preflight failed, nothing was changed:\n"
                           + "\n".join(f"  - {p}" for p in found))
