@@ -1,11 +1,12 @@
-"""Interleaved rounds at one host: what one command costs against the floor, and against another
-build of gpudeploy, measured in the same sitting (issue 26).
+"""Interleaved rounds at one host (or ``--hosts N``): what one command costs against the floor, and
+against another build of gpudeploy, measured in the same sitting (issue 26).
 
 One run of ``bench/fleet.py`` cannot show a change of 0.05-0.1 s on this 2-core VM: round to round a
 one-host redeploy varies by ~0.1 s and a 3-host one by ~0.3 s. Here every round runs each arm once,
 in turn, on a quiet machine (fleet.settle), so slow and fast moments fall on every arm alike:
 
-    floor       ``ssh host true`` and ``ssh host systemctl show <unit>`` (fresh connections)
+    floor       ``ssh host true`` and ``ssh host systemctl show <unit>`` (fresh connections; at N
+                hosts, N of each at once, timed until the last exits)
     status      first call (a fresh control folder: its own handshake), then again (warm)
     redeploy    nothing changed
 
@@ -19,9 +20,10 @@ lock holder and probe do) quicker than the third.
 ``--without-bytecode`` adds a second gpudeploy arm: the same source, copied without any ``.pyc``
 and put first on ``PYTHONPATH``, as a checkout without bytecode runs under PYTHONDONTWRITEBYTECODE.
 ``--baseline REV`` adds instead the gpudeploy of another commit (its ``src``, from ``git archive``,
-compiled as setup.sh does). Lab: one host (booted if needed, left as found).
+compiled as setup.sh does). Lab: N hosts (booted if needed, left as found).
 
-    .venv/bin/python bench/ab.py [--rounds 10] [--bounds] [--without-bytecode | --baseline REV] [--out DIR]
+    .venv/bin/python bench/ab.py [--rounds 10] [--hosts N] [--bounds] [--without-bytecode | --baseline REV]
+                                 [--out DIR]
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ def _at_revision(rev: str, dest: Path) -> Path:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--hosts", type=int, default=1, help="hosts in the fleet (default 1)")
     other = ap.add_mutually_exclusive_group()
     other.add_argument("--without-bytecode", action="store_true")
     other.add_argument("--baseline", metavar="REV")
@@ -72,18 +75,20 @@ def main() -> None:
     ap.add_argument("--out", default=str(HERE / "results"))
     ap.add_argument("--date", default=datetime.date.today().isoformat())
     args = ap.parse_args()
+    n = args.hosts
     up = {s.host.name for s in F.labctl.status() if s.up and s.ssh_ok}
-    brought_up = "lab1" not in up
+    brought_up = not {f"lab{i}" for i in range(1, n + 1)} <= up
     doc: dict[str, Any] = {"date": args.date, "machine": F.machine(), "bytecode": F.precompile(),
-                           "command": " ".join(["bench/ab.py", *sys.argv[1:]]), "rounds": args.rounds}
+                           "command": " ".join(["bench/ab.py", *sys.argv[1:]]), "rounds": args.rounds,
+                           "hosts": n}
     try:
         if brought_up:
             with contextlib.redirect_stdout(io.StringIO()):
-                F.labctl.up(1)
+                F.labctl.up(n)
         with tempfile.TemporaryDirectory(prefix="gd-ab-") as tmp:
             root, state = Path(tmp), Path(tmp) / "state"
             state.mkdir()
-            fl = F.make_fleet(root / "n1", 1, state)
+            fl = F.make_fleet(root / f"n{n}", n, state)
             F.clean(fl, state)
             env = F.gd_env(state)
             arms: dict[str, dict[str, str]] = {"gpudeploy": env}
@@ -94,32 +99,36 @@ def main() -> None:
                 arms[f"gpudeploy at {args.baseline}"] = {**env, "PYTHONPATH": str(base)}
             if F.run(F.gd_argv("deploy", "--inventory", str(fl.good)), env=env).rc != 0:
                 raise SystemExit("bench/ab.py: the first deploy failed")
-            unit, address = fl.units["good"]["lab1"]["unit"], fl.units["good"]["lab1"]["address"]
-            floors = {"floor: ssh true": F.labctl.ssh_argv(address, "true"),
-                      "floor: ssh systemctl show": F.labctl.ssh_argv(
-                          address, f"systemctl show -p MainPID,ActiveState,SubState,InvocationID {unit}")}
+            good = fl.units["good"]
+            addresses = [good[h]["address"] for h in fl.hosts]
+            # each floor: one argv per host, all started at once, timed until the last exits
+            floors = {"floor: ssh true": [F.labctl.ssh_argv(good[h]["address"], "true") for h in fl.hosts],
+                      "floor: ssh systemctl show": [F.labctl.ssh_argv(
+                          good[h]["address"], f"systemctl show -p MainPID,ActiveState,SubState,InvocationID "
+                                              f"{good[h]['unit']}") for h in fl.hosts]}
             if args.bounds:
                 py = sys.executable
-                lab = [str(F.labctl.config.SSH_KEY), str(F.labctl.config.KNOWN_HOSTS), address]
-                floors |= {"bound: python -c pass": [py, "-c", "pass"],
-                           "bound: import invoke": [py, "-c", "import invoke"],
-                           "bound: import invoke, then ssh true": [py, str(HERE / "bound_client.py"), "openssh", *lab],
-                           "bound: import invoke, paramiko, true": [py, str(HERE / "bound_client.py"), "paramiko",
-                                                                    *lab],
-                           "bound: import invoke, paramiko, host python": [
-                               py, str(HERE / "bound_client.py"), "paramiko-python", *lab]}
+                lab = [str(F.labctl.config.SSH_KEY), str(F.labctl.config.KNOWN_HOSTS), *addresses]
+                client = [py, str(HERE / "bound_client.py")]
+                floors |= {"bound: python -c pass": [[py, "-c", "pass"]],
+                           "bound: import invoke": [[py, "-c", "import invoke"]],
+                           "bound: import invoke, then ssh true": [[*client, "openssh", *lab]],
+                           "bound: import invoke, paramiko, true": [[*client, "paramiko", *lab]],
+                           "bound: import invoke, paramiko, host python": [[*client, "paramiko-python", *lab]]}
             times: dict[str, list[float]] = {}
+            engines = n
 
             def timed(name: str, argv: list[str], e: dict[str, str] | None) -> None:
-                F.settle(name, engines=1, limit_s=30)
+                F.settle(name, engines=engines, limit_s=30)
                 r = F.run(argv, env=e)
                 if r.rc != 0:
                     raise SystemExit(f"bench/ab.py: {name} failed (rc {r.rc}):\n{r.out[-1500:]}")
                 times.setdefault(name, []).append(r.wall_s)
 
             for rnd in range(args.rounds):
-                for name, argv in floors.items():
-                    timed(name, argv, None)
+                for name, argvs in floors.items():
+                    F.settle(name, engines=engines, limit_s=30)
+                    times.setdefault(name, []).append(F.parallel_wall(argvs))
                 for arm, e in arms.items():
                     ctl = root / f"ctl-{rnd}-{len(times)}"
                     e = {**e, "GPUDEPLOY_SSH_CONTROL_DIR": str(ctl)}
@@ -138,7 +147,7 @@ def main() -> None:
     doc["seconds"] = times
     doc["medians"] = med
     floor_show, floor_true = med["floor: ssh systemctl show"], med["floor: ssh true"]
-    lines = [f"{args.date}, one host, {args.rounds} interleaved rounds (medians, seconds)"]
+    lines = [f"{args.date}, {n} host{'s' if n > 1 else ''}, {args.rounds} interleaved rounds (medians, seconds)"]
     for k, v in med.items():
         base = floor_true if k.endswith("redeploy") or k.startswith("bound:") or k == "floor: ssh true" else floor_show
         lines.append(f"  {k:45s} {v:.3f}  ({v / base:.2f}x the floor)")
@@ -146,7 +155,8 @@ def main() -> None:
     print(text)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    suffix = "-without-bytecode" if args.without_bytecode else f"-vs-{args.baseline}" if args.baseline else ""
+    suffix = f"-{n}hosts" if n > 1 else ""
+    suffix += "-without-bytecode" if args.without_bytecode else f"-vs-{args.baseline}" if args.baseline else ""
     suffix += "-bounds" if args.bounds else ""
     path = out / f"ab-{args.date}{suffix}.json"
     path.write_text(json.dumps(doc, indent=1) + "\n")

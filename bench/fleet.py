@@ -928,7 +928,10 @@ def machine() -> dict[str, Any]:
     mem = Path("/proc/meminfo").read_text().split("\n")[0].split()[1]
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), "?")
-    ver = subprocess.run([str(ANSIBLE), "--version"], capture_output=True, text=True, check=False).stdout.split("\n")[0]
+    ver = "not installed"  # runs of gpudeploy alone (bench/ab.py) need no Ansible
+    if Path(ANSIBLE).exists():
+        ver = subprocess.run([str(ANSIBLE), "--version"], capture_output=True, text=True, check=False
+                             ).stdout.split("\n")[0]
     return {"cpus": os.cpu_count(), "cpu": cpu, "mem_gib": round(int(mem) / 2**20, 1), "kernel": platform.release(),
             "python": platform.python_version(), "ansible": ver}
 
