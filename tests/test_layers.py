@@ -99,3 +99,23 @@ def test_the_memory_model_is_pure() -> None:
             for name in names:
                 top = name.split(".")[0]
                 assert top in stdlib_only or top == "gpudeploy", f"{path.name} imports {name}"
+
+
+def test_a_deploy_that_starts_nothing_imports_neither_the_gate_nor_an_http_client() -> None:
+    """What only a unit's start, a roll or a router's smoke uses is imported when one happens (issue
+    26): the gate with its causes' hundreds of patterns, tenacity, http.client and urllib. A deploy
+    that changes nothing imported them all before: ~0.02-0.04 s more of a 3-host redeploy's CPU, on
+    the cores the hosts' sessions need too."""
+    import subprocess
+    import sys
+
+    # what `invoke deploy` imports before it knows whether anything will start
+    code = ("import sys; import gpudeploy.cli.tasks, gpudeploy.apply.deployment, gpudeploy.apply.early_locks, "
+            "gpudeploy.apply.results, gpudeploy.report, gpudeploy.remote.closing; "
+            "print(' '.join(sorted(sys.modules)))")
+    loaded = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                                cwd=SRC.parent).stdout.split())
+    assert "gpudeploy.apply.deployment" in loaded
+    assert loaded & {"gpudeploy.verify.gate", "gpudeploy.verify.causes", "gpudeploy.verify.http",
+                     "gpudeploy.verify.smoke", "gpudeploy.verify.router_api", "tenacity", "http.client",
+                     "urllib.request"} == set()

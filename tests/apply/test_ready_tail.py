@@ -20,6 +20,7 @@ from gpudeploy.remote import closing
 from gpudeploy.remote.base import Result
 from gpudeploy.supervisor import systemd
 from gpudeploy.supervisor.base import Run
+from gpudeploy.verify import gate as gate_module  # start_and_gate imports gate_runs from there as it runs
 from gpudeploy.verify.gate import GateResult
 
 REPO = Path(__file__).resolve().parents[2]
@@ -45,7 +46,7 @@ def test_an_engines_memory_figures_are_read_in_its_hosts_thread_not_after_the_la
     plan = load_plan(str(REPO / "inventory" / "lab.yml"), host="lab1", memory=False)
     decode = next(u for u in plan.units if u.role.name == "decode")
     monkeypatch.setattr(systemd, "restart", lambda remote, unit, **kw: Run(unit, "inv-d", 42, 1_000, restarted=False))
-    monkeypatch.setattr(d, "gate_runs", lambda remote, supervisor, runs, **kw: {
+    monkeypatch.setattr(gate_module, "gate_runs", lambda remote, supervisor, runs, **kw: {
         u.name: GateResult(True, "ready", 1.0, lines=[LOAD_END]) for u, _ in runs})
     states = systemd.SYSTEMD.states({"units": {decode.name: {"props": {"ActiveState": "inactive"}}}})
     (out,) = d.start_and_gate(_Host(), systemd.SYSTEMD, [decode],  # type: ignore[arg-type]

@@ -14,6 +14,7 @@ from gpudeploy.plan import load_plan
 from gpudeploy.remote.base import Result
 from gpudeploy.supervisor import systemd
 from gpudeploy.supervisor.base import Run
+from gpudeploy.verify import gate as gate_module  # start_and_gate imports gate_runs from there as it runs
 from gpudeploy.verify.gate import GateResult
 
 REPO = Path(__file__).resolve().parents[2]
@@ -58,7 +59,7 @@ def test_a_start_that_times_out_does_not_leave_the_others_ungated(monkeypatch: p
         return Run(unit, "inv-decode", 42, 1_000, restarted=False)
 
     monkeypatch.setattr(systemd, "restart", restart)
-    monkeypatch.setattr(d, "gate_runs", lambda remote, supervisor, runs, **kw: {
+    monkeypatch.setattr(gate_module, "gate_runs", lambda remote, supervisor, runs, **kw: {
         u.name: GateResult(True, "ready", 1.0) for u, _ in runs})
     host = _Host("lab1")
     states = systemd.SYSTEMD.states({"units": {u.name: {"props": {"ActiveState": "active", "LoadState": "loaded"}}
@@ -83,7 +84,7 @@ def test_a_ready_run_is_recorded_with_its_processes_in_one_round_trip(monkeypatc
     plan = load_plan(str(REPO / "inventory" / "lab.yml"), host="lab1", memory=False)
     decode = next(u for u in plan.units if u.role.name == "decode")
     monkeypatch.setattr(systemd, "restart", lambda remote, unit, **kw: Run(unit, "inv-d", 42, 1_000, restarted=False))
-    monkeypatch.setattr(d, "gate_runs", lambda remote, supervisor, runs, **kw: {
+    monkeypatch.setattr(gate_module, "gate_runs", lambda remote, supervisor, runs, **kw: {
         u.name: GateResult(True, "ready", 1.0) for u, _ in runs})
     host = _Host("lab1")
     states = systemd.SYSTEMD.states({"units": {decode.name: {"props": {"ActiveState": "inactive"}}}})

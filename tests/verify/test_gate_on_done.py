@@ -109,7 +109,7 @@ def test_deploy_says_the_failure_and_its_cause_when_the_gate_hears_it(monkeypatc
         return {dies.name: failed, waits.name: GateResult(True, "ready", 3.0)}
 
     monkeypatch.setattr(systemd, "restart", lambda remote, unit, **kw: Run(unit, "inv", 42, 1_000, False))
-    monkeypatch.setattr(d, "gate_runs", gate_runs)
+    monkeypatch.setattr(gate, "gate_runs", gate_runs)
     states = systemd.SYSTEMD.states({"units": {u.name: {"props": {"ActiveState": "active", "LoadState": "loaded"}}
                                                for u in (dies, waits)}})
     files = {u.name: {u.unit_path: (b"x", 0o644)} for u in (dies, waits)}

@@ -106,7 +106,7 @@ def test_the_host_asks_its_own_servers_at_the_address_they_listen_on() -> None:
     from pathlib import Path
 
     from gpudeploy.inventory import load_inventory
-    from gpudeploy.verify.http import local_url
+    from gpudeploy.verify.liveness import local_url
 
     inv = load_inventory(str(Path(__file__).resolve().parents[2] / "inventory" / "lab.yml"))
     host = next(iter(inv.hosts.values()))

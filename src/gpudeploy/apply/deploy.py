@@ -13,7 +13,7 @@ import os
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import interrupt
 from ..errors import GpudeployError, InputError, Problem
@@ -25,10 +25,14 @@ from ..plan.flags import PROGRAM, flag_for
 from ..plan.render import Renderer
 from ..remote.base import Transport
 from ..supervisor.base import Run, Supervisor, UnitState
-from ..verify.causes import Cause, FlagName
-from ..verify.gate import GateResult, gate_runs
 from ..verify.group import GroupLinks
 from .ready_record import write_ready
+
+if TYPE_CHECKING:
+    # Imported where a unit starts: a redeploy that starts nothing never needs the gate, its
+    # causes' hundreds of patterns or tenacity (issue 26: ~0.02 s of a 3-host redeploy's own time).
+    from ..verify.causes import FlagName
+    from ..verify.gate import GateResult
 
 RUNS_DIR = "/var/lib/gpudeploy/runs"
 STOP_MARGIN_S = 30.0  # what a stop may take beyond the unit's own stop timeout
@@ -132,6 +136,9 @@ def start_and_gate(remote: Transport, supervisor: Supervisor, units: list[Unit],
                     states: dict[str, UnitState], opts: Options, cancel: Cancel | None,
                     links: GroupLinks | None = None, stop_it: str | None = None) -> list[UnitOutcome]:
     """``stop_it``: how to stop a unit left starting by Ctrl-C, where its role cannot say (a surge copy)."""
+    from ..verify.causes import Cause
+    from ..verify.gate import GateResult, gate_runs
+
     host = remote.host.name
     outcomes: dict[str, UnitOutcome] = {}
     started: list[tuple[Unit, Run]] = []

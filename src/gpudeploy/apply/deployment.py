@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import GpudeployError, InputError
 from ..facts.probe import probe
@@ -30,16 +30,17 @@ from ..supervisor import for_host
 from ..supervisor.base import Supervisor, UnitState
 from ..supervisor.process import PROCESS
 from ..supervisor.systemd import SYSTEMD
-from ..verify.gate import request_timeout
 from ..verify.group import GroupLinks, rank_words, root_cause
-from ..verify.liveness import live_urls
-from ..verify.smoke import SmokeResult, smoke_test
+from ..verify.liveness import live_urls, request_timeout
 from . import check, preflight, probe_stages, rolling, rollout, surges
 from .deploy import Options, UnitOutcome, calibrate, desired_files, file_hashes, secrets_for, start_and_gate
 from .early_locks import EarlyLocks
 from .lock import HostLock
 from .order import stop_rank, upstreams_of
 from .sessions import open_sessions
+
+if TYPE_CHECKING:
+    from ..verify.smoke import SmokeResult
 
 STOP_MARGIN_S = 30.0
 
@@ -382,6 +383,8 @@ def _run(plan: Plan, sessions: dict[str, HostSession], units: list[Unit], secret
                 if u.role.engine == "sglang_router" and u.role.smoke is not None and ok(u) and outcomes.get(u.key)]
 
     def smoke(host: Host) -> None:
+        from ..verify.smoke import smoke_test  # (here: a deploy without a router never needs HTTP here)
+
         s = sessions[host.name]
         for u in smokes(s):
             res = smoke_test(u, [e for e, _ in upstreams_of(u, units)], via=s.remote)

@@ -38,9 +38,6 @@ from ..model import Host, PlacementRequest, Plan, Unit
 from ..plan.build import build_plan
 from ..remote.base import Transport
 from ..supervisor.base import Supervisor, UnitState
-from ..verify import router_api
-from ..verify.smoke import smoke_test
-from .after_roll import broken_since_start
 from .deploy import Options, UnitOutcome, desired_files, file_hashes, start_and_gate
 from .order import upstreams_of
 from .surges import KINDS, SURGE_SUFFIX, shifted
@@ -208,6 +205,9 @@ def roll(plan: Plan, units: list[Unit], changed: list[Unit], sessions: dict[str,
 def _roll(plan: Plan, units: list[Unit], changed: list[Unit], router: Unit, sessions: dict[str, Session],
           files: dict[str, dict[str, tuple[bytes, int]]], secrets: dict[str, str], renderer: Any,
           opts: Options, cancel: Cancel, out: Roll) -> None:
+    from ..verify.smoke import smoke_test  # (these three here: only a roll needs HTTP to a router
+    from .after_roll import broken_since_start  # or the gate's causes; see apply/deploy.py)
+
     via = sessions[router.host.name].remote
     kinds = {e.key: KINDS.get(kind, "regular") for e, kind in upstreams_of(router, units)}
     order = {"prefill": 0, "decode": 1, "regular": 2}
@@ -264,6 +264,8 @@ def _one(plan: Plan, e: Unit, surge: Unit, router: Unit, via: Transport, kind: s
          files: dict[str, dict[str, tuple[bytes, int]]], secrets: dict[str, str], renderer: Any, opts: Options,
          cancel: Cancel, out: Roll) -> bool:
     """Roll one engine; False (with ``out`` failed, the deployment serving) when a step failed."""
+    from ..verify import router_api
+
     drain_s = e.role.health.drain_s
     here, there = sessions[e.host.name], sessions[surge.host.name]
     boot = surge.ports.get("bootstrap")
@@ -321,6 +323,8 @@ def _one(plan: Plan, e: Unit, surge: Unit, router: Unit, via: Transport, kind: s
 
 
 def _join(router: Unit, via: Transport, engine: Unit, kind: str, bootstrap: int | None, out: Roll) -> bool:
+    from ..verify import router_api
+
     url = url_of(engine)
     if not router_api.add(router, via, url, kind, bootstrap):
         out.fail(f"the router refused to add {engine.key} ({url})")

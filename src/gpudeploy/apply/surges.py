@@ -24,8 +24,6 @@ from ..model import Unit
 from ..plan.build import ENV_DIR, unit_name, unit_stem
 from ..remote.base import Transport
 from ..supervisor.base import Supervisor, UnitState
-from ..verify import router_api
-from ..verify.http import status_of
 from .order import upstreams_of
 
 SURGE_SUFFIX = "-surge"
@@ -103,6 +101,8 @@ def put_away(units: list[Unit], sessions: dict[str, Where], healthy: dict[str, b
 def put_away_now_ready(units: list[Unit], sessions: dict[str, Where], keys: list[str]) -> None:
     """After the deployment came up ready: put away the copies kept before (their engines, just gated,
     are healthy; ask once more, as a copy must never leave the router while its engine is down)."""
+    from ..verify.http import status_of  # (here: a deploy with no copy kept never needs it; apply/deploy.py)
+
     for e, copy in left(units, sessions):
         if copy.key in keys:
             s = sessions[e.host.name]
@@ -111,6 +111,8 @@ def put_away_now_ready(units: list[Unit], sessions: dict[str, Where], keys: list
 
 
 def _put_away(e: Unit, copy: Unit, units: list[Unit], sessions: dict[str, Where]) -> None:
+    from ..verify import router_api  # (here: only a copy put away needs HTTP to a router)
+
     for router, kind in _routers_of(e, units):
         via = sessions[router.host.name].remote
         listed = {w.url: w for w in router_api.workers(router, via) or []}

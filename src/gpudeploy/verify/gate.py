@@ -30,6 +30,7 @@ from ..supervisor.base import Run, Supervisor
 from .causes import Cause, FlagName, LogFormat, classify, fatal_rule, log_format, phase_of
 from .group import GroupLinks, rank_words
 from .http import status_of
+from .liveness import request_timeout
 from .stacks import python_stacks
 from .stall import LAST_LINES, Clock, Stall
 
@@ -406,25 +407,6 @@ def _hear_own_death(watch: _Watch, cancel: Cancel | None) -> None:
 def _exit_words(msg: str) -> str:
     # "Main process exited, code=exited, status=1/FAILURE" -> "code=exited, status=1/FAILURE"
     return msg.split("Main process exited, ", 1)[-1] if "Main process exited" in msg else msg
-
-
-# SGLang's /health runs a one-token generation and answers only after it has waited at least 1 s
-# for it, at most SGLANG_HEALTH_CHECK_TIMEOUT (20 s) before a 503 (0.5.23 http_server.py,
-# health_generate: `await asyncio.sleep(1)` before its first look). A request timeout of 1 s (as
-# with the stand-in, which answered at once) never saw the real server's 200.
-SGLANG_HEALTH_CHECK_S = 20.0
-HEALTH_MARGIN_S = 5.0
-
-
-def request_timeout(unit: Unit) -> float:
-    """How long one health request may take before it counts as no answer."""
-    if unit.role.engine != "sglang":
-        return 2.0
-    try:
-        own = float(unit.env.get("SGLANG_HEALTH_CHECK_TIMEOUT", SGLANG_HEALTH_CHECK_S))
-    except ValueError:
-        own = SGLANG_HEALTH_CHECK_S
-    return own + HEALTH_MARGIN_S
 
 
 def _ask(stop: threading.Event, ask: Callable[[], int | None]) -> int | None:

@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from ..model import Unit
-from .causes import Cause
+
+if TYPE_CHECKING:
+    from .causes import Cause
 
 FOLLOWING = ("peer-lost", "group-failed", "interrupted")  # a consequence, not a root cause
 

@@ -24,9 +24,9 @@ from urllib.parse import urlsplit
 
 from ..errors import GpudeployError
 from ..fanout import say
-from ..model import Host
 from ..remote.base import ForwardingRefused, Socket, Transport
 from . import onhost
+from .liveness import local_url
 
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -85,19 +85,6 @@ class Response:
 
     def json(self) -> Any:
         return json.loads(self.body)
-
-
-def local_url(url: str, host: Host) -> str:
-    """``url`` as ``host`` itself reaches it: a server on the host's own address is asked at the
-    address it listens on there (127.0.0.1 for 0.0.0.0), never at the address we reach the host by,
-    which a NAT'd container often cannot reach from inside (no hairpin)."""
-    parts = urlsplit(url)
-    if parts.hostname != host.address:
-        return url
-    bind = host.bind_address
-    local = "127.0.0.1" if bind in ("", "0.0.0.0") else "[::1]" if bind == "::" else (  # noqa: S104
-        f"[{bind}]" if ":" in bind else bind)
-    return parts._replace(netloc=f"{local}:{parts.port or 80}").geturl()
 
 
 def _connection(url: str, timeout: float, via: Transport | None) -> tuple[http.client.HTTPConnection, str]:

@@ -19,9 +19,39 @@ from __future__ import annotations
 from urllib.parse import urlsplit
 
 from ..model import Host, Unit
-from .http import local_url
 
 SGLANG_LIVE_PATH = "/server_info"
+
+# SGLang's /health runs a one-token generation and answers only after it has waited at least 1 s
+# for it, at most SGLANG_HEALTH_CHECK_TIMEOUT (20 s) before a 503 (0.5.23 http_server.py,
+# health_generate: `await asyncio.sleep(1)` before its first look). A request timeout of 1 s (as
+# with the stand-in, which answered at once) never saw the real server's 200.
+SGLANG_HEALTH_CHECK_S = 20.0
+HEALTH_MARGIN_S = 5.0
+
+
+def request_timeout(unit: Unit) -> float:
+    """How long one health request may take before it counts as no answer."""
+    if unit.role.engine != "sglang":
+        return 2.0
+    try:
+        own = float(unit.env.get("SGLANG_HEALTH_CHECK_TIMEOUT", SGLANG_HEALTH_CHECK_S))
+    except ValueError:
+        own = SGLANG_HEALTH_CHECK_S
+    return own + HEALTH_MARGIN_S
+
+
+def local_url(url: str, host: Host) -> str:
+    """``url`` as ``host`` itself reaches it: a server on the host's own address is asked at the
+    address it listens on there (127.0.0.1 for 0.0.0.0), never at the address we reach the host by,
+    which a NAT'd container often cannot reach from inside (no hairpin)."""
+    parts = urlsplit(url)
+    if parts.hostname != host.address:
+        return url
+    bind = host.bind_address
+    local = "127.0.0.1" if bind in ("", "0.0.0.0") else "[::1]" if bind == "::" else (  # noqa: S104
+        f"[{bind}]" if ":" in bind else bind)
+    return parts._replace(netloc=f"{local}:{parts.port or 80}").geturl()
 
 
 def live_urls(unit: Unit, host: Host) -> str | list[str]:

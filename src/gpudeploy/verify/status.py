@@ -16,8 +16,8 @@ from ..supervisor import for_host
 from ..supervisor.base import UnitState
 from .causes import classify, log_format
 from .head_start import HeadStart
-from .http import local_url, status_of
-from .liveness import live_urls
+from .http import status_of
+from .liveness import live_urls, local_url
 
 
 @dataclass
