@@ -17,6 +17,11 @@ imported then), and paramiko's way with the host's python instead of ``true``: n
 quicker than the quicker of the first two here, none that runs a python on the host (gpudeploy's
 lock holder and probe do) quicker than the third.
 
+Each line also gives the CPU seconds the whole machine used meanwhile (``/proc/stat``: the command,
+the ssh clients, the lab's hosts, the kernel) and, for gpudeploy's arms, the command's own: the lab's
+hosts share this machine's cores, so where the CPU a command needs is near twice its wall time on 2
+cores, it is bound by CPU, and only less work makes it quicker.
+
 ``--without-bytecode`` adds a second gpudeploy arm: the same source, copied without any ``.pyc``
 and put first on ``PYTHONPATH``, as a checkout without bytecode runs under PYTHONDONTWRITEBYTECODE.
 ``--baseline REV`` adds instead the gpudeploy of another commit (its ``src``, from ``git archive``,
@@ -116,19 +121,26 @@ def main() -> None:
                            "bound: import invoke, paramiko, true": [[*client, "paramiko", *lab]],
                            "bound: import invoke, paramiko, host python": [[*client, "paramiko-python", *lab]]}
             times: dict[str, list[float]] = {}
+            busy: dict[str, list[float]] = {}  # the whole machine's CPU seconds meanwhile (hosts, ssh, kernel)
+            own: dict[str, list[float]] = {}  # the command's own CPU seconds (gpudeploy's arms)
             engines = n
 
             def timed(name: str, argv: list[str], e: dict[str, str] | None) -> None:
                 F.settle(name, engines=engines, limit_s=30)
+                before = F.machine_busy_s()
                 r = F.run(argv, env=e)
+                busy.setdefault(name, []).append(F.machine_busy_s() - before)
                 if r.rc != 0:
                     raise SystemExit(f"bench/ab.py: {name} failed (rc {r.rc}):\n{r.out[-1500:]}")
                 times.setdefault(name, []).append(r.wall_s)
+                own.setdefault(name, []).append(r.cpu_s)
 
             for rnd in range(args.rounds):
                 for name, argvs in floors.items():
                     F.settle(name, engines=engines, limit_s=30)
+                    before = F.machine_busy_s()
                     times.setdefault(name, []).append(F.parallel_wall(argvs))
+                    busy.setdefault(name, []).append(F.machine_busy_s() - before)
                 for arm, e in arms.items():
                     ctl = root / f"ctl-{rnd}-{len(times)}"
                     e = {**e, "GPUDEPLOY_SSH_CONTROL_DIR": str(ctl)}
@@ -146,11 +158,14 @@ def main() -> None:
     med = {k: statistics.median(v) for k, v in times.items()}
     doc["seconds"] = times
     doc["medians"] = med
+    doc["machine_cpu_s"], doc["command_cpu_s"] = busy, own
     floor_show, floor_true = med["floor: ssh systemctl show"], med["floor: ssh true"]
-    lines = [f"{args.date}, {n} host{'s' if n > 1 else ''}, {args.rounds} interleaved rounds (medians, seconds)"]
+    lines = [f"{args.date}, {n} host{'s' if n > 1 else ''}, {args.rounds} interleaved rounds (medians, seconds; "
+             "CPU: the whole machine's meanwhile, and the command's own)"]
     for k, v in med.items():
         base = floor_true if k.endswith("redeploy") or k.startswith("bound:") or k == "floor: ssh true" else floor_show
-        lines.append(f"  {k:45s} {v:.3f}  ({v / base:.2f}x the floor)")
+        cpu = f"  CPU {statistics.median(busy[k]):.3f}" + (f", own {statistics.median(own[k]):.3f}" if k in own else "")
+        lines.append(f"  {k:45s} {v:.3f}  ({v / base:.2f}x the floor){cpu}")
     text = "\n".join(lines)
     print(text)
     out = Path(args.out)
