@@ -30,7 +30,7 @@ from .ready_record import write_ready
 
 if TYPE_CHECKING:
     # Imported where a unit starts: a redeploy that starts nothing never needs the gate, its
-    # causes' hundreds of patterns or tenacity (issue 26: ~0.02 s of a 3-host redeploy's own time).
+    # causes' hundreds of patterns or tenacity (issue 26: ~0.026 s of a 3-host redeploy's CPU).
     from ..verify.causes import FlagName
     from ..verify.gate import GateResult
 

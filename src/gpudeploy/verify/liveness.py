@@ -12,6 +12,10 @@ more than it answers ``/health``, so a hang is still "down".
 A server without that route (an older release: 404) or that keeps it behind ``--api-key`` (401; the
 health paths are exempt) is asked the role's own health path next, on the host, in the same probe
 (``remote_probe.NO_SUCH_ROUTE``). A role that names its own health path gets exactly that path.
+
+What the probe's spec needs of a health ask lives here too (how long one may take, the URL as the
+host itself reaches it), without the HTTP client (``http.py``): a deploy that starts nothing never
+imports that, or the gate (issue 26).
 """
 
 from __future__ import annotations
