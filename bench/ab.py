@@ -37,6 +37,7 @@ import argparse
 import compileall
 import contextlib
 import datetime
+import functools
 import io
 import json
 import os
@@ -46,6 +47,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -123,24 +125,27 @@ def main() -> None:
             times: dict[str, list[float]] = {}
             busy: dict[str, list[float]] = {}  # the whole machine's CPU seconds meanwhile (hosts, ssh, kernel)
             own: dict[str, list[float]] = {}  # the command's own CPU seconds (gpudeploy's arms)
-            engines = n
 
-            def timed(name: str, argv: list[str], e: dict[str, str] | None) -> None:
-                F.settle(name, engines=engines, limit_s=30)
+            def measured(name: str, run: Callable[[], float]) -> None:
+                """Once the machine is quiet: ``run``'s seconds, and the machine's CPU seconds meanwhile."""
+                F.settle(name, engines=n, limit_s=30)
                 before = F.machine_busy_s()
-                r = F.run(argv, env=e)
+                times.setdefault(name, []).append(run())
                 busy.setdefault(name, []).append(F.machine_busy_s() - before)
+
+            def command(name: str, argv: list[str], e: dict[str, str] | None) -> float:
+                r = F.run(argv, env=e)
                 if r.rc != 0:
                     raise SystemExit(f"bench/ab.py: {name} failed (rc {r.rc}):\n{r.out[-1500:]}")
-                times.setdefault(name, []).append(r.wall_s)
                 own.setdefault(name, []).append(r.cpu_s)
+                return r.wall_s
+
+            def timed(name: str, argv: list[str], e: dict[str, str] | None) -> None:
+                measured(name, functools.partial(command, name, argv, e))
 
             for rnd in range(args.rounds):
                 for name, argvs in floors.items():
-                    F.settle(name, engines=engines, limit_s=30)
-                    before = F.machine_busy_s()
-                    times.setdefault(name, []).append(F.parallel_wall(argvs))
-                    busy.setdefault(name, []).append(F.machine_busy_s() - before)
+                    measured(name, functools.partial(F.parallel_wall, argvs))
                 for arm, e in arms.items():
                     ctl = root / f"ctl-{rnd}-{len(times)}"
                     e = {**e, "GPUDEPLOY_SSH_CONTROL_DIR": str(ctl)}

@@ -205,8 +205,10 @@ def roll(plan: Plan, units: list[Unit], changed: list[Unit], sessions: dict[str,
 def _roll(plan: Plan, units: list[Unit], changed: list[Unit], router: Unit, sessions: dict[str, Session],
           files: dict[str, dict[str, tuple[bytes, int]]], secrets: dict[str, str], renderer: Any,
           opts: Options, cancel: Cancel, out: Roll) -> None:
-    from ..verify.smoke import smoke_test  # (these three here: only a roll needs HTTP to a router
-    from .after_roll import broken_since_start  # or the gate's causes; see apply/deploy.py)
+    # Imported here and in _one/_join: only a roll needs HTTP to a router or the gate's causes, and
+    # a deploy that starts nothing imports neither (apply/deploy.py).
+    from ..verify.smoke import smoke_test
+    from .after_roll import broken_since_start
 
     via = sessions[router.host.name].remote
     kinds = {e.key: KINDS.get(kind, "regular") for e, kind in upstreams_of(router, units)}
