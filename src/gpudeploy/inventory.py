@@ -38,6 +38,7 @@ from .model import (
     LOG_FORMATS,
     ON_STALL,
     STALL_DEFAULTS_S,
+    SURGE_SUFFIX,
     Health,
     Host,
     Inventory,
@@ -328,6 +329,14 @@ def _placement(item: dict[str, Any], c: Checker, line: int | None, problems: lis
     if not _role_name_ok(role, c, line):
         return None
     instance = pc.get("name", str, check=lambda v: None if NAME_RE.fullmatch(v) else NAME_RULE)
+    for key, name in (("role", role), ("name", instance)):
+        if name is not None and name.endswith(SURGE_SUFFIX):
+            # A rolling update runs an engine's temporary copy as <role>-surge, and the next deploy
+            # stops and removes whatever it finds under that name (apply/surges.py).
+            pc.fail(f"{name!r} ends in {SURGE_SUFFIX!r}, which is reserved for the temporary copies a rolling "
+                    f"update starts (a deploy would take this unit for a leftover copy and remove it); "
+                    f"choose another name, e.g. {name[:-len(SURGE_SUFFIX)]}-spare", key)
+            return None
     gpus = pc.get("gpus", list)
     ports: dict[str, int] = {}
     for kind, value in (pc.get("ports", dict, default={}) or {}).items():

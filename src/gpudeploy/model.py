@@ -11,6 +11,9 @@ from typing import Any
 
 ENGINES = ("sglang", "sglang_router", "command")
 LOG_FORMATS = ("sglang", "vllm")  # which failure-cause/phase table reads a role's log
+# A rolling update's temporary copy of an engine runs as ``<role>-surge`` (apply/surges.py): reserved,
+# so that no planned unit can be taken for such a copy.
+SURGE_SUFFIX = "-surge"
 
 
 @dataclass(frozen=True)
@@ -219,6 +222,12 @@ class Role:
     def file_role(self) -> str:
         """The role file this role was read from (upstreams and --role may name it for its instances)."""
         return self.instance_of or self.name
+
+    def named_in(self, names: tuple[str, ...] | list[str] | set[str]) -> bool:
+        """``names`` (a router's upstreams of one kind, say) names this role or its role file: a named
+        instance, ``{role: decode, name: decode-a}``, is fronted as ``decode`` (plan/build.py's router
+        argv follows the same rule)."""
+        return self.name in names or self.file_role in names
 
     @property
     def gpus_needed(self) -> int:

@@ -22,6 +22,7 @@ from ..model import Plan, Unit
 from ..plan.build import render_env
 from ..plan.calibrate import CalibrationStore, Measured, parse_memory_log
 from ..plan.flags import PROGRAM, flag_for
+from ..plan.pd import pair_facts
 from ..plan.render import Renderer
 from ..remote.base import Transport
 from ..supervisor.base import Run, Supervisor, UnitState
@@ -234,10 +235,26 @@ def _after_gate(remote: Transport, supervisor: Supervisor, u: Unit, run: Run, ga
 
 
 def _record_head(unit: Unit) -> dict[str, Any]:
-    return {"unit": unit.name, "host": unit.host.name, "deployment": unit.deployment, "role": unit.role.name,
+    head = {"unit": unit.name, "host": unit.host.name, "deployment": unit.deployment, "role": unit.role.name,
             "recorded_at": time.time()}
+    if unit.role.settings.get("disaggregation_mode") in ("prefill", "decode"):
+        # What this run pairs with: a rolling update checks the other side's new engines against it.
+        head["pair"] = pair_facts(unit)
+    return head
 
 
 def _record(remote: Transport, unit: Unit, data: dict[str, Any]) -> None:
     record = {**_record_head(unit), **data}
     remote.put(f"{RUNS_DIR}/{unit.name}.json", json.dumps(record, indent=1).encode(), 0o644)
+
+
+def current_files(remote: Transport, files: dict[str, tuple[bytes, int]]) -> dict[str, tuple[bytes, int]]:
+    """The files a healthy unit runs from now, read before this deploy overwrites them (a failed
+    redeploy puts them back); {} if any cannot be read, so nothing half is restored."""
+    out: dict[str, tuple[bytes, int]] = {}
+    for path, (_, mode) in files.items():
+        res = remote.run(["cat", "--", path], check=False, timeout=30)
+        if res.rc != 0:
+            return {}
+        out[path] = (res.stdout.encode(), mode)
+    return out

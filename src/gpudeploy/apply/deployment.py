@@ -32,8 +32,17 @@ from ..supervisor.process import PROCESS
 from ..supervisor.systemd import SYSTEMD
 from ..verify.group import GroupLinks, rank_words, root_cause
 from ..verify.liveness import live_urls, request_timeout
-from . import check, preflight, probe_stages, rolling, rollout, surges
-from .deploy import Options, UnitOutcome, calibrate, desired_files, file_hashes, secrets_for, start_and_gate
+from . import check, pair_roll, preflight, probe_stages, rolling, rollout, surges
+from .deploy import (
+    Options,
+    UnitOutcome,
+    calibrate,
+    current_files,
+    desired_files,
+    file_hashes,
+    secrets_for,
+    start_and_gate,
+)
 from .early_locks import EarlyLocks
 from .lock import HostLock
 from .order import stop_rank, upstreams_of
@@ -298,7 +307,8 @@ def _run(plan: Plan, sessions: dict[str, HostSession], units: list[Unit], secret
     found = {n: surges.Where(s.remote, s.supervisor, s.states, s.facts) for n, s in sessions.items()}
     kept = surges.put_away([u for u in units if u.host.name in sessions], found,
                            {name: h for s in sessions.values() for name, h in s.healthy.items()})
-    rolled = _roll_serving(plan, sessions, units, secrets, renderer, opts, cancel, result, outcomes)
+    stop_first: set[str] = set()
+    rolled = _roll_serving(plan, sessions, units, secrets, renderer, opts, cancel, result, outcomes, stop_first)
     if rolled:
         units = [u for u in units if u.deployment not in rolled]
         for s in sessions.values():
@@ -322,7 +332,7 @@ def _run(plan: Plan, sessions: dict[str, HostSession], units: list[Unit], secret
                 continue
             to_start.setdefault(host.name, []).append(u)
             if s.healthy.get(u.name) and not opts.keep_on_failure:
-                s.previous[u.name] = _current_files(s.remote, s.files[u.name])
+                s.previous[u.name] = current_files(s.remote, s.files[u.name])
             for path, (data, mode) in s.files[u.name].items():
                 if s.facts["files"].get(path) != want[path]:
                     s.remote.put(path, data, mode)
@@ -375,6 +385,7 @@ def _run(plan: Plan, sessions: dict[str, HostSession], units: list[Unit], secret
                 deps[o.unit.deployment].fail(f"{rank_words(o.unit)} {o.action}"
                                              + (f": {o.gate.cause.summary}" if o.gate and o.gate.cause else ""))
 
+    _stop_before_start(sessions, units, stop_first, result, cancel)
     wave(routers=False)
     wave(routers=True)
 
@@ -403,24 +414,14 @@ def _run(plan: Plan, sessions: dict[str, HostSession], units: list[Unit], secret
         surges.put_away_now_ready([u for u in units if u.host.name in sessions and deps[u.deployment].ok], found, kept)
 
 
-def _current_files(remote: Transport, files: dict[str, tuple[bytes, int]]) -> dict[str, tuple[bytes, int]]:
-    """The files a healthy unit runs from now, read before this deploy overwrites them (a failed
-    redeploy puts them back); {} if any cannot be read, so nothing half is restored."""
-    out: dict[str, tuple[bytes, int]] = {}
-    for path, (_, mode) in files.items():
-        res = remote.run(["cat", "--", path], check=False, timeout=30)
-        if res.rc != 0:
-            return {}
-        out[path] = (res.stdout.encode(), mode)
-    return out
-
-
 def _roll_serving(plan: Plan, sessions: dict[str, HostSession], units: list[Unit], secrets: dict[str, str],
                   renderer: Renderer, opts: Options, cancel: Cancel, result: DeployResult,
-                  outcomes: dict[str, UnitOutcome]) -> set[str]:
+                  outcomes: dict[str, UnitOutcome], stop_first: set[str]) -> set[str]:
     """Deployments that serve now and whose engines changed are rolled through their router
     (rolling.py) instead of restarted; returns those dealt with here (rolled, or refused for want
-    of room). A multi-node group is not rolled (its ranks restart together)."""
+    of room or because new and old engines must not pair, pair_roll.py). A multi-node group is not
+    rolled (its ranks restart together). ``stop_first`` gets the engines (keys) that a plain restart
+    must stop before anything starts again."""
     done: set[str] = set()
     if opts.rolling == "never":
         return done
@@ -441,7 +442,20 @@ def _roll_serving(plan: Plan, sessions: dict[str, HostSession], units: list[Unit
                                              "healthy), so there is nothing to roll through")
                 done.add(dep)
             continue
-        blocked = [(u, why) for u in engines for surge, why in [rolling.room(plan, u, views)] if surge is None]
+        crossing = pair_roll.crossings(mine, changed, states)
+        if crossing and opts.allow_downtime:
+            say(f"-- {dep}: its change cannot be rolled (a new prefill would pair with an old decode); restarting "
+                "it plainly (--allow-downtime), every changed engine stopped before any starts again")
+            stop_first.update(u.key for u in engines)
+            continue
+        if crossing:
+            done.add(dep)
+            result.deployments[dep].fail(pair_roll.refusal_text(dep, crossing, rolling.downtime(engines, states)))
+            for u in mine:
+                outcomes[u.key] = UnitOutcome(u, "skipped", False, states[u.name].main_pid,
+                                              message="not changed: its change cannot be rolled")
+            continue
+        blocked = [(u, why) for u in engines for surge, why in [rolling.room(plan, u, views, mine)] if surge is None]
         if blocked and opts.allow_downtime:
             say(f"-- {dep}: no room for a rolling update; restarting it plainly (--allow-downtime)")
             continue
@@ -461,14 +475,22 @@ def _roll_serving(plan: Plan, sessions: dict[str, HostSession], units: list[Unit
             dep_out.rolled, dep_out.left = exc.roll.steps, rolling.left_running(exc.roll)
             dep_out.fail(exc.roll.failure)
             dep_out.running = sorted(u.key for u in mine)
+            started = {o.unit.key: o for o in exc.roll.outcomes}  # its start on the new files, if it came to that
             for u in mine:
                 rolled = u.key in exc.roll.new
+                stage = exc.roll.stage.get(u.key)
+                if stage is not None:  # Ctrl-C in the middle of this engine's own roll: where it stands
+                    o = started.get(u.key)
+                    outcomes[u.key] = UnitOutcome(u, o.action if o else "skipped", False,
+                                                  o.main_pid if o else states[u.name].main_pid,
+                                                  message=f"its roll was interrupted (Ctrl-C): {stage}")
+                    continue
                 outcomes.setdefault(u.key, UnitOutcome(
                     u, "unchanged" if u not in changed else "restarted" if rolled else "skipped",
                     u not in changed or rolled, states[u.name].main_pid,
                     message="" if u not in changed or rolled else "not rolled (Ctrl-C): still on its old files"))
             raise Interrupted({}) from None
-        dep_out.rolled = r.steps
+        dep_out.rolled, dep_out.restored = r.steps, r.restored
         for o in r.outcomes:
             outcomes[o.unit.key] = o
         for u in mine:
@@ -481,6 +503,25 @@ def _roll_serving(plan: Plan, sessions: dict[str, HostSession], units: list[Unit
                                       if r.new or r.old else ""))
         dep_out.running = sorted(u.key for u in mine)
     return done
+
+
+def _stop_before_start(sessions: dict[str, HostSession], units: list[Unit], keys: set[str], result: DeployResult,
+                       cancel: Cancel) -> None:
+    """Stop these engines (decode before prefill) before any engine starts: a plain restart of a change
+    that must not pair new with old (pair_roll.py) lets no old engine serve beside a new one."""
+    stopping = [u for u in units if u.key in keys and u.host.name in sessions and result.deployments[u.deployment].ok]
+    for rank in sorted({stop_rank(u) for u in stopping}):
+        batch = [u for u in stopping if stop_rank(u) == rank]
+
+        def stop(host: Host, batch: list[Unit] = batch) -> None:
+            s = sessions[host.name]
+            mine = [u for u in batch if u.host.name == host.name]
+            timeout = max(u.role.stop_timeout_s for u in mine) + STOP_MARGIN_S
+            s.supervisor.stop(s.remote, [u.name for u in mine], timeout)
+            for u in mine:
+                say(f"[{host.name}/{u.role.name}] stopped before the restart (old and new must not pair)")
+
+        _phase(sessions, stop, units, result, cancel, only={u.host.name for u in batch})
 
 
 def _group_first(outcomes: list[UnitOutcome]) -> list[UnitOutcome]:

@@ -8,10 +8,10 @@ from ..plan.build import unit_kind
 
 def upstreams_of(router: Unit, units: list[Unit]) -> list[tuple[Unit, str]]:
     """The engine units a router fronts, with their kind (prefill, decode, workers): the units of
-    its deployment whose role it names in ``upstreams``."""
+    its deployment whose role (or role file: a named instance) it names in ``upstreams``."""
     out = []
     for kind, roles in router.role.upstreams.items():
-        out += [(u, kind) for u in units if u.deployment == router.deployment and u.role.name in roles]
+        out += [(u, kind) for u in units if u.deployment == router.deployment and u.role.named_in(roles)]
     return out
 
 

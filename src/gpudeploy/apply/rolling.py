@@ -34,13 +34,13 @@ from typing import Any
 from .. import interrupt
 from ..errors import GpudeployError, InputError
 from ..fanout import Cancel, say
-from ..model import Host, PlacementRequest, Plan, Unit
+from ..model import SURGE_SUFFIX, Host, PlacementRequest, Plan, Unit
 from ..plan.build import build_plan
 from ..remote.base import Transport
 from ..supervisor.base import Supervisor, UnitState
-from .deploy import Options, UnitOutcome, desired_files, file_hashes, start_and_gate
+from .deploy import Options, UnitOutcome, current_files, desired_files, file_hashes, start_and_gate
 from .order import upstreams_of
-from .surges import KINDS, SURGE_SUFFIX, shifted
+from .surges import KINDS, shifted
 
 REGISTER_S = 120.0  # a new worker's addition job: its health check must pass within this
 
@@ -71,6 +71,10 @@ class Roll:
     sends_to: list[str] = field(default_factory=list)  # the engines the router sends to now, as far as we did
     touched: bool = False  # the router's workers were changed by this roll
     surges: dict[str, str] = field(default_factory=dict)  # surge copy's key -> its unit, while it runs
+    # unit key -> the files it ran from before the roll replaced them (what a failed roll puts back)
+    previous: dict[str, dict[str, tuple[bytes, int]]] = field(default_factory=dict)
+    restored: list[str] = field(default_factory=list)  # units put back on those files, and how that went
+    stage: dict[str, str] = field(default_factory=dict)  # engine key -> where its own roll stands, in words
 
     def fail(self, why: str) -> None:
         if self.ok:
@@ -140,9 +144,12 @@ def _spare_gpus(plan: Plan, host: Host, facts: dict[str, Any], need: int) -> tup
     return None
 
 
-def room(plan: Plan, unit: Unit, sessions: dict[str, Session]) -> tuple[Unit | None, str]:
-    """Where the engine's surge copy can run: (its unit, "") or (None, why there is no room)."""
-    hosts = [unit.host] + [s.host for s in sessions.values() if s.host.name != unit.host.name]
+def room(plan: Plan, unit: Unit, sessions: dict[str, Session], mine: list[Unit]) -> tuple[Unit | None, str]:
+    """Where the engine's surge copy can run: (its unit, "") or (None, why there is no room). Only on
+    the hosts of its own deployment (``mine``: its units): the next deploy looks for a leftover copy
+    there, and so does ``teardown --deployment``; a copy on another deployment's host would be lost."""
+    ours = {u.host.name for u in mine}
+    hosts = [unit.host] + [s.host for s in sessions.values() if s.host.name != unit.host.name and s.host.name in ours]
     why = []
     for host in hosts:
         s = sessions.get(host.name)
@@ -191,9 +198,13 @@ def roll(plan: Plan, units: list[Unit], changed: list[Unit], sessions: dict[str,
     assert router is not None
     out.sends_to = [u.key for u, _ in upstreams_of(router, units)]
     try:
-        _roll(plan, units, changed, router, sessions, files, secrets, renderer, opts, cancel, out)
+        broken = _roll(plan, units, changed, router, sessions, files, secrets, renderer, opts, cancel, out)
         if cancel.is_set():  # a gate that saw Ctrl-C returns before the main thread hears of it
             raise KeyboardInterrupt
+        if broken:
+            from .roll_back import restore
+
+            restore(out, units, sessions, files, opts, cancel)
     except KeyboardInterrupt:
         out.fail(f"interrupted (Ctrl-C) in the middle of its rolling update; {out.where()}")
         raise RollInterrupted(out) from None
@@ -204,7 +215,10 @@ def roll(plan: Plan, units: list[Unit], changed: list[Unit], sessions: dict[str,
 
 def _roll(plan: Plan, units: list[Unit], changed: list[Unit], router: Unit, sessions: dict[str, Session],
           files: dict[str, dict[str, tuple[bytes, int]]], secrets: dict[str, str], renderer: Any,
-          opts: Options, cancel: Cancel, out: Roll) -> None:
+          opts: Options, cancel: Cancel, out: Roll) -> bool:
+    """The roll itself; True when it failed after its engines (or router) were replaced: the new router
+    failed, the smoke generation failed, or a started engine broke since. Then the deployment no longer
+    serves as it did, and what it ran from before is put back (roll_back.py)."""
     # Imported here and in _one/_join: only a roll needs HTTP to a router or the gate's causes, and
     # a deploy that starts nothing imports neither (apply/deploy.py).
     from ..verify.smoke import smoke_test
@@ -219,7 +233,7 @@ def _roll(plan: Plan, units: list[Unit], changed: list[Unit], router: Unit, sess
     for e in engines:
         if cancel.is_set():
             raise KeyboardInterrupt
-        surge, why = room(plan, e, sessions)
+        surge, why = room(plan, e, sessions, units)
         assert surge is not None, why  # checked before the roll began (plan_roll)
         if not _one(plan, e, surge, router, via, kinds.get(e.key, "regular"), sessions, files, secrets, renderer,
                     opts, cancel, out):
@@ -230,25 +244,30 @@ def _roll(plan: Plan, units: list[Unit], changed: list[Unit], router: Unit, sess
         say(f"[{router.host.name}/{router.role.name}] the router changed: restarting it last (one router cannot "
             "hand over to itself; its restart takes seconds)")
         s = sessions[router.host.name]
+        out.previous[router.key] = current_files(s.remote, files[router.name])
         _upload(s, router, files[router.name])
         [o] = start_and_gate(s.remote, s.supervisor, [router], files, s.states, opts, cancel)
         out.outcomes.append(o)
         if not o.ok:
             out.fail(f"the new router failed: {o.gate.cause.summary if o.gate and o.gate.cause else o.action}")
-    if out.ok:
-        res = smoke_test(router, [e for e, _ in upstreams_of(router, units)], via=via)
-        out.steps.append(f"smoke {res.endpoint} through {router.key}: " + (
-            f"TTFT {res.ttft_s:.3f} s, total {res.total_s:.3f} s" if res.ok and res.ttft_s is not None
-            else "ok" if res.ok else f"FAILED: {res.message}"))
-        if not res.ok:
-            out.fail(f"the smoke generation through {router.key} failed after the roll: {res.message}")
-    if out.ok:
-        def host_of(name: str) -> tuple[Transport, Supervisor]:
-            return sessions[name].remote, sessions[name].supervisor
+            return True
+    if not out.ok:
+        return False  # an engine's own step failed: the deployment serves on what was healthy before
+    res = smoke_test(router, [e for e, _ in upstreams_of(router, units)], via=via)
+    out.steps.append(f"smoke {res.endpoint} through {router.key}: " + (
+        f"TTFT {res.ttft_s:.3f} s, total {res.total_s:.3f} s" if res.ok and res.ttft_s is not None
+        else "ok" if res.ok else f"FAILED: {res.message}"))
+    if not res.ok:
+        out.fail(f"the smoke generation through {router.key} failed after the roll: {res.message}")
+        return True
 
-        for o, cause in broken_since_start(out.outcomes, host_of):
-            say(f"[{o.unit.host.name}/{o.unit.role.name}] BROKEN while serving: {cause.summary}")
-            out.fail(f"{o.unit.key} broke after its start, while the roll went on: {cause.summary}; {cause.next_step}")
+    def host_of(name: str) -> tuple[Transport, Supervisor]:
+        return sessions[name].remote, sessions[name].supervisor
+
+    for o, cause in broken_since_start(out.outcomes, host_of):
+        say(f"[{o.unit.host.name}/{o.unit.role.name}] BROKEN while serving: {cause.summary}")
+        out.fail(f"{o.unit.key} broke after its start, while the roll went on: {cause.summary}; {cause.next_step}")
+    return not out.ok
 
 
 def _step(out: Roll, text: str) -> None:
@@ -273,6 +292,7 @@ def _one(plan: Plan, e: Unit, surge: Unit, router: Unit, via: Transport, kind: s
     boot = surge.ports.get("bootstrap")
     surge_files = desired_files(surge, secrets, renderer, there.supervisor)
     # 1. the surge copy, with the new settings, gated like any start
+    out.stage[e.key] = f"still on its old files and in the router (its new copy {surge.key} was starting)"
     out.surges[surge.key] = surge.name
     _upload(there, surge, surge_files)
     [so] = start_and_gate(there.remote, there.supervisor, [surge], {surge.name: surge_files},
@@ -292,16 +312,21 @@ def _one(plan: Plan, e: Unit, surge: Unit, router: Unit, via: Transport, kind: s
         _remove_surge(there, surge, surge_files)
         out.surges.pop(surge.key, None)
         return False
-    old = next((w for w in router_api.workers(router, via) or [] if w.url == url_of(e)), None)
-    if old is not None:
-        router_api.remove(router, via, old.id)
-        _left_router(out, e)
-        router_api.wait_gone(router, via, url_of(e), timeout_s=30)
+    why = router_api.take_out(router, via, url_of(e))
+    if why:
+        out.fail(f"{e.key} could not be taken out of the router ({why}), so it was not stopped: it serves on its "
+                 f"old files beside its new copy {surge.key} (`invoke deploy` again puts the copy away and retries)")
+        return False
+    _left_router(out, e)
+    out.stage[e.key] = "out of the router, still on its old files (its requests were draining)"
     drained, took = router_api.drain(e, via=here.remote, timeout_s=drain_s)
     _step(out, f"{e.key} left the router; " + (f"its requests finished in {took:.1f} s" if drained else
                                                 f"still busy after the drain limit ({drain_s:g} s): stopping it"))
+    out.stage[e.key] = "out of the router and stopping (its new copy serves in its place)"
     here.supervisor.stop(here.remote, [e.name], e.role.stop_timeout_s + 30)
     # 3. back in its own place with the new files, into the router, the surge out
+    out.previous[e.key] = current_files(here.remote, files[e.name])
+    out.stage[e.key] = "starting on its new files, out of the router (its new copy serves in its place)"
     _upload(here, e, files[e.name])
     [eo] = start_and_gate(here.remote, here.supervisor, [e], files, here.states, opts, cancel)
     out.outcomes.append(eo)
@@ -310,16 +335,20 @@ def _one(plan: Plan, e: Unit, surge: Unit, router: Unit, via: Transport, kind: s
                  f"{eo.gate.cause.summary if eo.gate and eo.gate.cause else eo.action}; its new copy "
                  f"{surge.key} keeps serving in the router in its place (`invoke deploy` again retries)")
         return False
+    out.stage[e.key] = f"on its new files, joining the router (its copy {surge.key} serves)"
     if not _join(router, via, e, kind, e.ports.get("bootstrap"), out):
         return False
-    listed = next((w for w in router_api.workers(router, via) or [] if w.url == url_of(surge)), None)
-    if listed is not None:
-        router_api.remove(router, via, listed.id)
-        _left_router(out, surge)
-        router_api.wait_gone(router, via, url_of(surge), timeout_s=30)
+    out.stage[e.key] = f"on its new files and in the router (its copy {surge.key} was being put away)"
+    why = router_api.take_out(router, via, url_of(surge))
+    if why:
+        out.fail(f"{e.key} is new and back in the router, but its copy {surge.key} could not be taken out of the "
+                 f"router ({why}), so it keeps running (`invoke deploy` again puts it away)")
+        return False
+    _left_router(out, surge)
     router_api.drain(surge, via=there.remote, timeout_s=drain_s)
     _remove_surge(there, surge, surge_files)
     out.surges.pop(surge.key, None)
+    out.stage.pop(e.key, None)
     _step(out, f"{e.key} is new and back in the router; {surge.key} stopped")
     return True
 
@@ -356,12 +385,17 @@ def _remove_surge(s: Session, surge: Unit, surge_files: dict[str, tuple[bytes, i
     s.supervisor.forget(s.remote, [surge.name])
 
 
+def downtime(engines: list[Unit], states: dict[str, UnitState]) -> str:
+    """What a plain restart of ``engines`` costs, in words: their slowest last measured startup."""
+    estimate = [last_startup_s(states[u.name]) for u in engines if u.name in states]
+    known = [x for x in estimate if x is not None]
+    return (f"about {max(known):.0f} s (the last measured startup)" if known
+            else "a whole startup (no startup of these engines was measured yet)")
+
+
 def no_room_text(dep: str, blocked: list[tuple[Unit, str]], states: dict[str, UnitState]) -> str:
     """Why a rolling update cannot be done, and what a plain restart would cost."""
-    estimate = [last_startup_s(states[u.name]) for u, _ in blocked if u.name in states]
-    known = [x for x in estimate if x is not None]
-    cost = (f"about {max(known):.0f} s (the last measured startup)" if known
-            else "a whole startup (no startup of these engines was measured yet)")
+    cost = downtime([u for u, _ in blocked], states)
     lines = [f"deployment {dep} serves now and its engines changed, but a rolling update needs room for a second "
              "copy of each engine, and there is none:"]
     lines += [f"  - {u.key}: {why}" for u, why in blocked]

@@ -20,13 +20,12 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..fanout import say
-from ..model import Unit
+from ..model import SURGE_SUFFIX, Unit
 from ..plan.build import ENV_DIR, unit_name, unit_stem
 from ..remote.base import Transport
 from ..supervisor.base import Supervisor, UnitState
 from .order import upstreams_of
 
-SURGE_SUFFIX = "-surge"
 SHIFT = {"http": 1000, "nccl": 1000, "bootstrap": 100, "mooncake_rpc": 3000, "dist_init": 1000}
 KINDS = {"prefill": "prefill", "decode": "decode", "workers": "regular"}
 RUNS_DIR = "/var/lib/gpudeploy/runs"
@@ -57,7 +56,9 @@ def probe_names(units: list[Unit], host: str) -> list[str]:
     deployment with a router that has a unit on ``host``."""
     deps = {u.deployment for u in units if u.host.name == host}
     routed = {u.deployment for u in units if u.role.engine == "sglang_router"}
-    return sorted({surge_name(u) for u in units if u.deployment in deps & routed and u.role.engine != "sglang_router"})
+    planned = {u.name for u in units}
+    return sorted({surge_name(u) for u in units if u.deployment in deps & routed and u.role.engine != "sglang_router"}
+                  - planned)
 
 
 def copy_of(engine: Unit, where: str, hosts: dict[str, Any]) -> Unit:
@@ -73,9 +74,11 @@ def copy_of(engine: Unit, where: str, hosts: dict[str, Any]) -> Unit:
 def left(units: list[Unit], sessions: dict[str, Where]) -> list[tuple[Unit, Unit]]:
     """(engine, its surge copy) for every copy installed on a host of the run."""
     hosts = {u.host.name: u.host for u in units}
+    planned = {u.name for u in units}
     out = []
     for e in units:
-        if e.role.engine == "sglang_router":
+        # A planned unit is never a copy (the inventory reserves the suffix; this holds even so).
+        if e.role.engine == "sglang_router" or surge_name(e) in planned:
             continue
         for name, s in sessions.items():
             st = s.states.get(surge_name(e))
@@ -94,7 +97,8 @@ def put_away(units: list[Unit], sessions: dict[str, Where], healthy: dict[str, b
                 f"in {e.key}'s place until {e.key} is healthy again")
             kept.append(copy.key)
             continue
-        _put_away(e, copy, units, sessions)
+        if not _put_away(e, copy, units, sessions):
+            kept.append(copy.key)
     return kept
 
 
@@ -110,19 +114,24 @@ def put_away_now_ready(units: list[Unit], sessions: dict[str, Where], keys: list
                 _put_away(e, copy, units, sessions)
 
 
-def _put_away(e: Unit, copy: Unit, units: list[Unit], sessions: dict[str, Where]) -> None:
+def _put_away(e: Unit, copy: Unit, units: list[Unit], sessions: dict[str, Where]) -> bool:
+    """Put the copy away; False (and it keeps running, said so) when a router did not confirm that the
+    engine is in and the copy out: stopping it then could leave the router sending to nothing."""
     from ..verify import router_api  # (here: only a copy put away needs HTTP to a router)
 
     for router, kind in _routers_of(e, units):
         via = sessions[router.host.name].remote
-        listed = {w.url: w for w in router_api.workers(router, via) or []}
-        url, copy_url = _url(e), _url(copy)
-        if url not in listed:  # the roll had taken the engine out: back in first
-            router_api.add(router, via, url, KINDS.get(kind, "regular"), e.ports.get("bootstrap"))
-            router_api.wait_listed(router, via, url, healthy=True, timeout_s=120)
-        if copy_url in listed:
-            router_api.remove(router, via, listed[copy_url].id)
-            router_api.wait_gone(router, via, copy_url, timeout_s=30)
+        listed = router_api.workers(router, via)
+        url = _url(e)
+        why = "" if listed is not None else f"router {router.key} did not answer GET /workers"
+        if not why and not any(w.url == url for w in listed or []) \
+                and not _back_in(router, via, url, KINDS.get(kind, "regular"), e.ports.get("bootstrap")):
+            why = f"router {router.key} did not take {e.key} back"  # (the roll had taken it out)
+        why = why or router_api.take_out(router, via, _url(copy))
+        if why:
+            say(f"-- {e.deployment}: {copy.key}, left by an interrupted or failed rolling update, keeps running: "
+                f"{why} (`invoke deploy` again retries)")
+            return False
     there = sessions[copy.host.name]
     router_api.drain(copy, via=there.remote, timeout_s=e.role.health.drain_s)
     there.supervisor.stop(there.remote, [copy.name], e.role.stop_timeout_s + 30)
@@ -133,6 +142,14 @@ def _put_away(e: Unit, copy: Unit, units: list[Unit], sessions: dict[str, Where]
     _forget_found(there, copy)
     say(f"-- {e.deployment}: {copy.key}, left by an interrupted or failed rolling update: stopped and removed "
         f"({e.key} serves in the router)")
+    return True
+
+
+def _back_in(router: Unit, via: Transport, url: str, kind: str, bootstrap: int | None) -> bool:
+    from ..verify import router_api
+
+    return bool(router_api.add(router, via, url, kind, bootstrap)) \
+        and router_api.wait_listed(router, via, url, healthy=True, timeout_s=120) is not None
 
 
 def _forget_found(there: Where, copy: Unit) -> None:

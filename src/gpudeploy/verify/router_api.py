@@ -96,6 +96,25 @@ def wait_gone(router: Unit, via: Transport, url: str, *, timeout_s: float, every
         time.sleep(every_s)
 
 
+def take_out(router: Unit, via: Transport, url: str, *, timeout_s: float = 30.0, every_s: float = 0.5) -> str:
+    """Take ``url`` out of the router and wait until the router no longer lists it: "" once it is out
+    (or was never listed), else why not. Only then may the engine behind it stop: a timeout, a 5xx or
+    a refused DELETE leaves the router sending to it."""
+    deadline = time.monotonic() + timeout_s
+    while (listed := workers(router, via)) is None:
+        if time.monotonic() >= deadline:
+            return f"the router did not answer GET /workers within {timeout_s:g} s"
+        time.sleep(every_s)  # the poll's pause; the deadline above bounds the wait
+    found = next((w for w in listed if w.url == url), None)
+    if found is None:
+        return ""
+    if not remove(router, via, found.id):
+        return f"the router did not accept DELETE /workers/{found.id} for {url}"
+    if not wait_gone(router, via, url, timeout_s=timeout_s, every_s=every_s):
+        return f"the router still lists {url} {timeout_s:g} s after its DELETE"
+    return ""
+
+
 def in_flight(engine: Unit, via: Transport) -> int | None:
     """The engine's running + waiting requests, from its own load endpoint; None if it cannot tell."""
     base = f"http://{engine.host.address}:{engine.ports['http']}"
