@@ -33,6 +33,7 @@ from typing import Any
 from . import k8sinventory, library
 from .controlchars import control_problem
 from .errors import InputError, Problem
+from .limits import gpu_gib_problem
 from .model import (
     ENGINES,
     LOG_FORMATS,
@@ -105,6 +106,8 @@ def load_inventory(path: str | Path, problems: list[Problem] | None = None) -> I
 
     hosts = _resolve_jumps(hosts)
     roles = _placed_roles(hosts, roles_dir, problems, str(path))
+    # a bad value under defaults is found once per host that takes it: say it once
+    problems[before:] = list(dict.fromkeys(problems[before:]))
     if problems and not collect:
         raise InputError(problems)
     return Inventory(path=str(path), deployment=deployment, hosts=hosts, roles=roles,
@@ -248,23 +251,7 @@ def _host(name: str, raw: Any, defaults: Checker, problems: list[Problem], file:
             nc.fail(f"NUMA node id {nid} appears twice", "id")
         nodes.append(NumaNode(id=nid, gpus=tuple(good), cpus=cpus.replace(" ", ""), memory_gib=memory))
 
-    mem = pick("gpu_memory_gib", (float, dict), None)
-    gpu_mem: dict[int, float] = {}
-    if mem is None:
-        if seen_gpu:
-            c.fail("required key is missing (GPU memory in GiB, per host or per GPU)", "gpu_memory_gib",
-                   line=c.line)
-    elif isinstance(mem, dict):
-        for g in seen_gpu:
-            v = mem.get(g)
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0:
-                c.fail(f"no positive memory size for GPU {g}", "gpu_memory_gib")
-            else:
-                gpu_mem[g] = float(v)
-    else:
-        if mem <= 0:
-            c.fail("must be positive", "gpu_memory_gib")
-        gpu_mem = {g: float(mem) for g in seen_gpu}
+    gpu_mem = _gpu_memory(c, defaults, seen_gpu)
 
     versions = {**(defaults.get("engine_versions", dict, default={}) or {}),
                 **(c.get("engine_versions", dict, default={}) or {})}
@@ -313,6 +300,36 @@ def _host(name: str, raw: Any, defaults: Checker, problems: list[Problem], file:
                         f"one of {', '.join(CONNECTIONS)}"),
         kubernetes=default_k8s.under(k8sinventory.k8s_settings(c, k8sinventory.HOST_KEYS)),
     )
+
+
+def _gpu_memory(c: Checker, defaults: Checker, gpus: dict[int, int]) -> dict[int, float]:
+    """``gpu_memory_gib``: one number for every GPU or ``{index: GiB}``, from the host or else the
+    defaults. A bad value is reported once, at its own line (the defaults' when it is theirs), and
+    its GPUs are left out: the memory preflight then skips their units rather than computing with
+    a made-up capacity (0 GiB, less CUDA's share, was "GPU capacity must be positive, got -0.6",
+    with no file or line, in place of the inventory's own problem)."""
+    src = c if "gpu_memory_gib" in c.data else defaults
+    if src.data.get("gpu_memory_gib") is None:
+        if gpus:
+            c.fail("required key is missing (GPU memory in GiB, per host or per GPU)", "gpu_memory_gib", line=c.line)
+        return {}
+    mem = src.get("gpu_memory_gib", (float, dict))
+    if isinstance(mem, float):
+        problem = gpu_gib_problem(mem)
+        if problem:
+            src.fail(problem, "gpu_memory_gib")
+            return {}
+        return {g: mem for g in gpus}
+    out: dict[int, float] = {}
+    for g in gpus if isinstance(mem, dict) else ():
+        v = mem.get(g)
+        problem = f"no memory size for GPU {g}" if v is None else gpu_gib_problem(v)
+        line = getattr(mem, "key_lines", {}).get(g)
+        if problem:
+            src.fail(f"GPU {g}: {problem}" if v is not None else problem, "gpu_memory_gib", line=line)
+        else:
+            out[g] = float(v)
+    return out
 
 
 PLACEMENT_KEYS = {"role", "name", "numa_node", "gpus", "deployment", "port", "ports"}

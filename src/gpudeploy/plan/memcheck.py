@@ -98,6 +98,8 @@ def unit_memory(host: Host, role: Role, gpus: tuple[int, ...], version: str, sto
     when ``version`` was not captured); ``gpu_name``/``free_gib`` are NVML's at deploy."""
     if role.engine != "sglang" or not gpus:
         return None
+    if any(g not in host.gpu_memory_gib for g in gpus):
+        return None         # the inventory's problem with gpu_memory_gib is reported; no capacity to check
     facts = model_facts(role, problems)
     if facts is None:
         return {"verdict": "unknown", "recommended": {},
@@ -107,7 +109,7 @@ def unit_memory(host: Host, role: Role, gpus: tuple[int, ...], version: str, sto
     except InputError as exc:
         problems.extend(exc.problems)
         return None
-    capacity = min(host.gpu_memory_gib.get(g, 0.0) for g in gpus) - CUDA_RESERVED_GIB
+    capacity = min(host.gpu_memory_gib[g] for g in gpus) - CUDA_RESERVED_GIB
     model_id = str(role.model.get("path", role.name))
     measured, measured_settings = _measured_for(store, host, role, model_id)
     kw: dict[str, Any] = {"release": version, "gpu_name": gpu_name, "free_gib": free_gib}
