@@ -98,9 +98,9 @@ def unit_memory(host: Host, role: Role, gpus: tuple[int, ...], version: str, sto
     when ``version`` was not captured); ``gpu_name``/``free_gib`` are NVML's at deploy."""
     if role.engine != "sglang" or not gpus:
         return None
+    facts = model_facts(role, problems)     # its problems are reported whatever the GPUs' memory
     if any(g not in host.gpu_memory_gib for g in gpus):
         return None         # the inventory's problem with gpu_memory_gib is reported; no capacity to check
-    facts = model_facts(role, problems)
     if facts is None:
         return {"verdict": "unknown", "recommended": {},
                 "reason": "no model facts: the model dir is not readable here and the role has no model.facts"}
