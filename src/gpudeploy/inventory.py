@@ -33,6 +33,7 @@ from typing import Any
 from . import k8sinventory, library
 from .controlchars import control_problem
 from .errors import InputError, Problem
+from .limits import gpu_gib_problem, seconds_problem
 from .model import (
     ENGINES,
     LOG_FORMATS,
@@ -106,6 +107,8 @@ def load_inventory(path: str | Path, problems: list[Problem] | None = None) -> I
 
     hosts = _resolve_jumps(hosts)
     roles = _placed_roles(hosts, roles_dir, problems, str(path))
+    # a bad value under defaults is found once per host that takes it: say it once
+    problems[before:] = list(dict.fromkeys(problems[before:]))
     if problems and not collect:
         raise InputError(problems)
     return Inventory(path=str(path), deployment=deployment, hosts=hosts, roles=roles,
@@ -217,7 +220,7 @@ def _host(name: str, raw: Any, defaults: Checker, problems: list[Problem], file:
         port=ssh_c.get("port", int, default=None, check=_port_check),
         key=_expand(ssh_c.get("key", str), Path(file).parent),
         known_hosts=_expand(ssh_c.get("known_hosts", str), Path(file).parent),
-        connect_timeout_s=ssh_c.get("connect_timeout_s", float, default=5.0, check=_positive),
+        connect_timeout_s=ssh_c.get("connect_timeout_s", float, default=5.0, check=seconds_problem),
     )
     jump = ssh_c.get("proxy_jump", str, check=_jump_check)
     if jump is not None:
@@ -249,23 +252,7 @@ def _host(name: str, raw: Any, defaults: Checker, problems: list[Problem], file:
             nc.fail(f"NUMA node id {nid} appears twice", "id")
         nodes.append(NumaNode(id=nid, gpus=tuple(good), cpus=cpus.replace(" ", ""), memory_gib=memory))
 
-    mem = pick("gpu_memory_gib", (float, dict), None)
-    gpu_mem: dict[int, float] = {}
-    if mem is None:
-        if seen_gpu:
-            c.fail("required key is missing (GPU memory in GiB, per host or per GPU)", "gpu_memory_gib",
-                   line=c.line)
-    elif isinstance(mem, dict):
-        for g in seen_gpu:
-            v = mem.get(g)
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0:
-                c.fail(f"no positive memory size for GPU {g}", "gpu_memory_gib")
-            else:
-                gpu_mem[g] = float(v)
-    else:
-        if mem <= 0:
-            c.fail("must be positive", "gpu_memory_gib")
-        gpu_mem = {g: float(mem) for g in seen_gpu}
+    gpu_mem = _gpu_memory(c, defaults, seen_gpu)
 
     versions = {**(defaults.get("engine_versions", dict, default={}) or {}),
                 **(c.get("engine_versions", dict, default={}) or {})}
@@ -314,6 +301,36 @@ def _host(name: str, raw: Any, defaults: Checker, problems: list[Problem], file:
                         f"one of {', '.join(CONNECTIONS)}"),
         kubernetes=default_k8s.under(k8sinventory.k8s_settings(c, k8sinventory.HOST_KEYS)),
     )
+
+
+def _gpu_memory(c: Checker, defaults: Checker, gpus: dict[int, int]) -> dict[int, float]:
+    """``gpu_memory_gib``: one number for every GPU or ``{index: GiB}``, from the host or else the
+    defaults. A bad value is reported once, at its own line (the defaults' when it is theirs), and
+    its GPUs are left out: the memory preflight then skips their units rather than computing with
+    a made-up capacity (0 GiB, less CUDA's share, was "GPU capacity must be positive, got -0.6",
+    with no file or line, in place of the inventory's own problem)."""
+    src = c if "gpu_memory_gib" in c.data else defaults
+    if src.data.get("gpu_memory_gib") is None:
+        if gpus:
+            c.fail("required key is missing (GPU memory in GiB, per host or per GPU)", "gpu_memory_gib", line=c.line)
+        return {}
+    mem = src.get("gpu_memory_gib", (float, dict))
+    if isinstance(mem, float):
+        problem = gpu_gib_problem(mem)
+        if problem:
+            src.fail(problem, "gpu_memory_gib")
+            return {}
+        return {g: mem for g in gpus}
+    out: dict[int, float] = {}
+    for g in gpus if isinstance(mem, dict) else ():
+        v = mem.get(g)
+        problem = f"no memory size for GPU {g}" if v is None else gpu_gib_problem(v)
+        line = getattr(mem, "key_lines", {}).get(g)
+        if problem:
+            src.fail(f"GPU {g}: {problem}" if v is not None else problem, "gpu_memory_gib", line=line)
+        else:
+            out[g] = float(v)
+    return out
 
 
 PLACEMENT_KEYS = {"role", "name", "numa_node", "gpus", "deployment", "port", "ports"}
@@ -374,9 +391,9 @@ def load_role(path: Path, problems: list[Problem]) -> Role | None:
     health = Health(
         path=hc.get("path", str, default=default_health,
                     check=lambda v: None if v.startswith("/") else "must start with /"),
-        timeout_s=hc.get("timeout_s", float, default=1200.0, check=_positive),
-        interval_s=hc.get("interval_s", float, default=0.25, check=_positive),
-        drain_s=hc.get("drain_s", float, default=60.0, check=_positive),
+        timeout_s=hc.get("timeout_s", float, default=1200.0, check=seconds_problem),
+        interval_s=hc.get("interval_s", float, default=0.25, check=seconds_problem),
+        drain_s=hc.get("drain_s", float, default=60.0, check=seconds_problem),
         stall_s=_stall_s(hc),
         on_stall=hc.get("on_stall", str, default="wait",
                         check=lambda v: None if v in ON_STALL else f"one of {', '.join(ON_STALL)}"),
@@ -431,7 +448,14 @@ def load_role(path: Path, problems: list[Problem]) -> Role | None:
     if kubernetes.service_discovery and engine != "sglang_router":
         c.fail("service_discovery is for routers (engine sglang_router): they find their workers' pods by label",
                "kubernetes.service_discovery", line=kubernetes.where["service_discovery"].line)
-    if len(problems) > before:
+    unusable = len(problems) > before
+    # a problem with these leaves a usable role (with the default in its place), which the plan checks
+    # further; they are read here so that they are reported along with an unusable role's problems too
+    stop_timeout_s = c.get("stop_timeout_s", float, default=30.0, check=seconds_problem)
+    description = c.get("description", str, default="", check=lambda v: control_problem(v))
+    allow_span_numa = c.get("allow_span_numa", bool, default=False)
+    env = _env(c.get("env", dict, default={}) or {}, c, "env")
+    if unusable:
         return None
     lines = dict(data.key_lines) if isinstance(data, LineMap) else {}
     for section in ("settings", "model", "ports", "env"):
@@ -440,14 +464,12 @@ def load_role(path: Path, problems: list[Problem]) -> Role | None:
             lines.update({f"{section}.{k}": v for k, v in sub.key_lines.items()})
     return Role(
         name=name, engine=engine, file=str(path),
-        description=c.get("description", str, default="", check=lambda v: control_problem(v)),
-        tp_size=tp, nnodes=nnodes, gpus=gpus, allow_span_numa=c.get("allow_span_numa", bool, default=False),
+        description=description, tp_size=tp, nnodes=nnodes, gpus=gpus, allow_span_numa=allow_span_numa,
         version=str(c.data["version"]) if c.data.get("version") is not None else None,
         model=dict(model), settings=dict(settings), extra_args=tuple(extra),
         argv=tuple(str(a) for a in argv), ports=ports, upstreams=upstreams,
-        env=_env(c.get("env", dict, default={}) or {}, c, "env"),
-        secret_env=tuple(str(s) for s in secret_env), health=health,
-        stop_timeout_s=c.get("stop_timeout_s", float, default=30.0, check=_positive), log_format=log_format,
+        env=env, secret_env=tuple(str(s) for s in secret_env), health=health,
+        stop_timeout_s=stop_timeout_s, log_format=log_format,
         python=python, smoke=smoke, kubernetes=kubernetes, lines=lines,
     )
 
@@ -458,8 +480,9 @@ def _stall_s(hc: Checker) -> dict[str, float]:
     out = dict(STALL_DEFAULTS_S)
     raw = hc.get("stall_s", (float, dict))
     if isinstance(raw, float):
-        if _positive(raw):
-            hc.fail("must be a positive number of seconds", "stall_s")
+        problem = seconds_problem(raw)
+        if problem:
+            hc.fail(problem, "stall_s")
         else:
             out = {phase: raw for phase in STALL_DEFAULTS_S}
     elif isinstance(raw, dict):
@@ -467,7 +490,7 @@ def _stall_s(hc: Checker) -> dict[str, float]:
         sc = hc.child("stall_s")
         sc.unknown_keys(set(keys))
         for key, phase in keys.items():
-            value = sc.get(key, float, check=lambda v: None if v > 0 else "must be a positive number of seconds")
+            value = sc.get(key, float, check=seconds_problem)
             if value is not None:
                 out[phase] = value
     return out
@@ -493,7 +516,7 @@ def _smoke(c: Checker, engine: str) -> Smoke | None:
                         check=lambda v: None if v in SMOKE_ENDPOINTS else f"one of {', '.join(SMOKE_ENDPOINTS)}"),
         prompt=sc.get("prompt", str, default="Say hello.", check=control_problem),
         max_tokens=sc.get("max_tokens", int, default=8, check=lambda v: None if 1 <= v <= 4096 else "1-4096"),
-        timeout_s=sc.get("timeout_s", float, default=60.0, check=_positive),
+        timeout_s=sc.get("timeout_s", float, default=60.0, check=seconds_problem),
         model=sc.get("model", str))
 
 

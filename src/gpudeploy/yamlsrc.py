@@ -6,6 +6,7 @@ so mappings come back as ``LineMap`` (a dict that knows the line of each key).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Hashable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -142,6 +143,9 @@ class Checker:
         kinds = kind if isinstance(kind, tuple) else (kind,)
         # YAML ints are acceptable where floats are asked for; bools are never numbers.
         if float in kinds and isinstance(value, int) and not isinstance(value, bool):
+            if abs(value) > _FLOAT_MAX:        # float() of it would be an OverflowError
+                self.fail(f"expected a number, got an integer of {len(str(abs(value)))} digits", key)
+                return default
             value = float(value)
         ok = isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds)
         if not ok:
@@ -156,6 +160,7 @@ class Checker:
         return value
 
 
+_FLOAT_MAX = sys.float_info.max
 _KIND_NAMES = {dict: "a mapping", list: "a list", str: "a string", int: "an integer",
                float: "a number", bool: "true/false"}
 

@@ -135,3 +135,14 @@ choose: {stop_when_gain_below_percent: 5}
     assert exp.variants[4].overrides == {"decode": {"settings": {"max_running_requests": 128,
                                                                  "chunked_prefill_size": 8192}}}
     assert exp.choose.stop_when_gain_below_percent == 5.0
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    (".inf", "must be a finite number of seconds, got inf"),   # was `timeout -k 30 inf` and an endless client wait
+    ("172800", "must be at most 86400 seconds (a day), got 172800.0"),
+])
+def test_a_benchmark_timeout_that_never_ends_is_refused_at_its_line(tmp_path: Path, value: str, message: str) -> None:
+    path = write(tmp_path, GOOD.replace("prompts: 8", f"prompts: 8\n  timeout_s: {value}"))
+    with pytest.raises(InputError) as err:
+        load_experiment(path)
+    assert f"{path}:10: key benchmark.timeout_s: {message}" in str(err.value)

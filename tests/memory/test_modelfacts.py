@@ -133,9 +133,44 @@ def test_hybrid_config_missing_linear_fields(tmp_path: Path) -> None:
     ({"weights_gib": 10, "kind": "hybrid", "kv_bytes_per_token": 10}, "state_bytes_per_request"),
     ({"weights_gib": 10, "layers": 4}, "kv_heads"),
     ({"weights_gib": 10, "kv_bytes_per_token": 10, "weights": 3}, "weights"),
+    # a number no model has: before, a ZeroDivisionError or OverflowError in the budget, or accepted
+    ({"weights_gib": 1e308, "kv_bytes_per_token": 10}, "weights_gib"),
+    ({"weights_gib": float("inf"), "kv_bytes_per_token": 10}, "weights_gib"),   # refused before too: the
+    ({"weights_gib": float("nan"), "kv_bytes_per_token": 10}, "weights_gib"),   # rewritten check still must
+    ({"weights_gib": 0, "kv_bytes_per_token": 10}, "weights_gib"),
+    ({"weights_bytes": 10**400, "kv_bytes_per_token": 10}, "weights_bytes"),
+    ({"weights_gib": 10, "kv_bytes_per_token": 10, "context_length": 0}, "context_length"),
+    ({"weights_gib": 10, "kv_bytes_per_token": 10, "context_length": 2**40}, "context_length"),
+    ({"weights_gib": 10, "kv_bytes_per_token": 0}, "kv_bytes_per_token"),
+    ({"weights_gib": 10, "layers": 0, "kv_heads": 8, "head_dim": 128}, "layers"),
+    ({"weights_gib": 10, "kv_bytes_per_token": 10, "hidden_size": 0}, "hidden_size"),
+    ({"weights_gib": 10, "kv_bytes_per_token": 10, "dtype_bytes": 16}, "dtype_bytes"),
+    ({"weights_gib": 10, "kv_bytes_per_token": 10, "activation_kib_per_token": 1e300}, "activation_kib_per_token"),
+    ({"weights_gib": 10, "kind": "hybrid", "kv_bytes_per_token": 10, "state_bytes_per_request": 0},
+     "state_bytes_per_request"),
+    ({"weights_gib": 10, "kv_bytes_per_token": 10, "mtp_layers": 10**12}, "mtp_layers"),
 ])
 def test_bad_explicit_facts(facts: dict[str, object], key: str) -> None:
     with pytest.raises(InputError) as e:
         model_facts_from_mapping(facts, "inventory.yaml")
     msg, file, got = _err(e)
     assert (file, got) == ("inventory.yaml", key), msg
+
+
+def test_zero_or_nothing_still_means_none_where_a_model_can_have_none() -> None:
+    m = model_facts_from_mapping({"weights_gib": 10, "kv_bytes_per_token": 10, "mtp_layers": 0,
+                                  "moe_intermediate_size": 0, "draft_weights_gib": 0, "graph_gib": 0}, "x.yaml")
+    assert m.mtp_layers == 0 and m.draft_weight_bytes == 0 and m.graph_gib == 0.0
+
+
+@pytest.mark.parametrize(("change", "key"), [
+    ({"max_position_embeddings": 0}, "max_position_embeddings"),    # the context length: a ZeroDivisionError
+    ({"hidden_size": 10**400}, "hidden_size"),                      # float() of it: an OverflowError
+])
+def test_bad_numbers_in_config_json(tmp_path: Path, change: dict[str, object], key: str) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({**GOOD, **change}))
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": 10}}))
+    with pytest.raises(InputError) as e:
+        model_facts_from_dir(tmp_path)
+    _msg, file, got = _err(e)
+    assert got == key and file is not None and file.endswith("config.json")

@@ -56,7 +56,7 @@ def test_a_fractional_connect_timeout_is_kept(tmp_path: Path) -> None:
 def test_a_zero_connect_timeout_is_refused(tmp_path: Path) -> None:
     inv = _inventory(tmp_path, {"engine": "command", "gpus": 0, "argv": ["/usr/bin/true"]},
                      ssh={"connect_timeout_s": 0})
-    with pytest.raises(InputError, match=r"ssh\.connect_timeout_s: must be positive"):
+    with pytest.raises(InputError, match=r"ssh\.connect_timeout_s: must be a positive number of seconds"):
         load_plan(str(inv), memory=False)
 
 

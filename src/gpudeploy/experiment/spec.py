@@ -54,6 +54,7 @@ from typing import Any
 
 from ..errors import InputError, Problem
 from ..inventory import role_overrides
+from ..limits import seconds_problem
 from ..yamlsrc import Checker, LineList, LineMap, load_yaml
 from .ship import Bundle, read_bundle
 
@@ -330,7 +331,7 @@ def _benchmark(c: Checker, problems: list[Problem]) -> Benchmark:
         repeats=c.get("repeats", int, default=1, check=_positive_int),
         seed=c.get("seed", int, default=1),
         tokenizer=c.get("tokenizer", str),
-        timeout_s=c.get("timeout_s", float, default=600.0, check=lambda v: None if v > 0 else "must be > 0"),
+        timeout_s=c.get("timeout_s", float, default=600.0, check=seconds_problem),
         extra_args=tuple(str(a) for a in extra),
         remote_dir=c.get("remote_dir", str, default="~/.cache/gpudeploy/bench",
                          check=lambda v: None if (v.startswith("/") or v.startswith("~/")) and v.isprintable()

@@ -47,8 +47,10 @@ model that lives only on the GPU node). Accepted keys (unknown keys are an error
                                estimate then widens its error band for them (:mod:`.inputs`)
   ``name``                     label used in messages
 
-Negative or non-numeric sizes, unknown kinds and missing required fields raise
-:class:`gpudeploy.errors.InputError` naming the file (``where``) and the key.
+Non-numeric, negative, infinite or absurdly large numbers (above 1 PiB for a size, 2^31 - 1 for a
+count), a zero where a model cannot have none (weights, layers, context length, vocabulary, ...),
+unknown kinds and missing required fields raise :class:`gpudeploy.errors.InputError` naming the
+file (``where``) and the key (:data:`_MOST`, :data:`_POSITIVE`).
 """
 
 from __future__ import annotations
@@ -158,6 +160,27 @@ def _problem(where: str, key: str | None, message: str) -> InputError:
     return InputError([Problem(message=message, file=where, key=key)])
 
 
+# What each number may be. Zero is refused where it makes no sense (a model has weights, layers, a
+# context, a vocabulary; a zero context was a ZeroDivisionError in the budget) and kept where it
+# means "none" (MTP layers, MoE sizes, a non-MLA model's MLA ranks). The ceilings are far above any
+# real model and stop a typo or an .inf before the arithmetic meets it (1e308 GiB of weights was an
+# OverflowError): a size at most 1 PiB, a KV element at most 8 bytes, any other count or dimension
+# at most 2^31 - 1, the most an engine's int32 index tensors hold. config.json's names are here too.
+PIB = 1 << 50
+COUNT_MAX = (1 << 31) - 1
+_MOST: dict[str, tuple[int, str]] = {
+    **dict.fromkeys(("weights_gib", "draft_weights_gib", "graph_gib", "attention_weights_gib"), (PIB >> 30, "1 PiB")),
+    **dict.fromkeys(("weights_bytes", "total_size", "kv_bytes_per_token", "state_bytes_per_request"), (PIB, "1 PiB")),
+    "activation_kib_per_token": (PIB >> 10, "1 PiB"),
+    "dtype_bytes": (8, "8 bytes"),
+}
+_POSITIVE = frozenset({
+    "weights_gib", "weights_bytes", "total_size", "kv_bytes_per_token", "state_bytes_per_request", "dtype_bytes",
+    "layers", "num_hidden_layers", "context_length", "max_position_embeddings", "hidden_size", "vocab_size",
+    "draft_layers", "vision_layers", "full_attention_interval", "conv_kernel", "linear_conv_kernel_dim",
+})
+
+
 def _num(d: Mapping[str, Any], key: str, where: str, *, required: bool = False,
          default: float | None = None, integer: bool = True) -> Any:
     if key not in d or d[key] is None:
@@ -167,8 +190,16 @@ def _num(d: Mapping[str, Any], key: str, where: str, *, required: bool = False,
     v = d[key]
     if isinstance(v, bool) or not isinstance(v, int | float):
         raise _problem(where, key, f"'{key}' must be a number, got {v!r}")
-    if not math.isfinite(float(v)) or v < 0:
+    # compared as they are: float() of a YAML integer past 1e308 is itself an OverflowError
+    if isinstance(v, float) and not math.isfinite(v):
+        raise _problem(where, key, f"'{key}' must be a finite number, got {v!r}")
+    if v < 0:
         raise _problem(where, key, f"'{key}' must be a non-negative size, got {v!r}")
+    if v == 0 and key in _POSITIVE:
+        raise _problem(where, key, f"'{key}' must be more than 0, got {v!r}")
+    most, words = _MOST.get(key, (COUNT_MAX, "2^31 - 1"))
+    if v > most:
+        raise _problem(where, key, f"'{key}' must be at most {most} ({words}), far above any real model, got {v!r}")
     if integer and float(v) != int(v):
         raise _problem(where, key, f"'{key}' must be a whole number, got {v!r}")
     return int(v) if integer else float(v)
@@ -229,8 +260,6 @@ def model_facts_from_mapping(d: Mapping[str, Any], where: str) -> ModelFacts:
     graph = _num(d, "graph_gib", where, integer=False)
     act = _num(d, "activation_kib_per_token", where, integer=False)
     dtype_bytes = _num(d, "dtype_bytes", where, default=2)
-    if dtype_bytes == 0:
-        raise _problem(where, "dtype_bytes", "dtype_bytes must be positive")
     assumed = _assumed(d, where)
     hidden = _num(d, "hidden_size", where, default=4096)
     heads = _num(d, "num_attention_heads", where, default=0)

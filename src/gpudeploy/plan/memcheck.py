@@ -19,6 +19,7 @@ from ..memory import EngineSettings, budget, recommendation_flags, suggest
 from ..memory.logparse import Measured
 from ..memory.modelfacts import ModelFacts, model_facts_from_dir, model_facts_from_mapping
 from ..model import Host, Plan, Role
+from ..yamlsrc import LineMap
 from .calibrate import CalibrationStore
 from .flags import flag_for
 
@@ -38,10 +39,18 @@ def model_facts(role: Role, problems: list[Problem]) -> ModelFacts | None:
         if path and (Path(str(path)) / "config.json").is_file():
             return model_facts_from_dir(str(path))
     except InputError as exc:
-        problems.extend(Problem(p.message, file=p.file or role.file, line=role.lines.get("model"), role=role.name,
-                                key=f"model.facts.{p.key}" if p.key and isinstance(facts, dict) else p.key)
+        problems.extend(Problem(p.message, file=p.file or role.file, line=_fact_line(role, facts, p.key),
+                                role=role.name, key=f"model.facts.{p.key}" if p.key and isinstance(facts, dict)
+                                else p.key)
                         for p in exc.problems)
     return None
+
+
+def _fact_line(role: Role, facts: Any, key: str | None) -> int | None:
+    """The line of the fact itself in the role file, else of ``model.facts``, else of ``model``."""
+    if isinstance(facts, LineMap) and key in facts.key_lines:
+        return facts.key_lines[key]
+    return role.lines.get("model.facts", role.lines.get("model"))
 
 
 def merged_settings(settings: Mapping[str, Any], recommended: Mapping[str, Any]) -> dict[str, Any]:
@@ -89,7 +98,9 @@ def unit_memory(host: Host, role: Role, gpus: tuple[int, ...], version: str, sto
     when ``version`` was not captured); ``gpu_name``/``free_gib`` are NVML's at deploy."""
     if role.engine != "sglang" or not gpus:
         return None
-    facts = model_facts(role, problems)
+    facts = model_facts(role, problems)     # its problems are reported whatever the GPUs' memory
+    if any(g not in host.gpu_memory_gib for g in gpus):
+        return None         # the inventory's problem with gpu_memory_gib is reported; no capacity to check
     if facts is None:
         return {"verdict": "unknown", "recommended": {},
                 "reason": "no model facts: the model dir is not readable here and the role has no model.facts"}
@@ -98,7 +109,7 @@ def unit_memory(host: Host, role: Role, gpus: tuple[int, ...], version: str, sto
     except InputError as exc:
         problems.extend(exc.problems)
         return None
-    capacity = min(host.gpu_memory_gib.get(g, 0.0) for g in gpus) - CUDA_RESERVED_GIB
+    capacity = min(host.gpu_memory_gib[g] for g in gpus) - CUDA_RESERVED_GIB
     model_id = str(role.model.get("path", role.name))
     measured, measured_settings = _measured_for(store, host, role, model_id)
     kw: dict[str, Any] = {"release": version, "gpu_name": gpu_name, "free_gib": free_gib}
