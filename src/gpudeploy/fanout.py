@@ -21,6 +21,7 @@ from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from typing import Any, TypeVar
 
 from . import interrupt
+from .controlchars import printable
 from .errors import GpudeployError, RemoteError
 from .model import Host
 from .progress import Board
@@ -91,7 +92,9 @@ def progress_done(key: str) -> None:
 
 
 def say(line: str, *, err: bool = False) -> None:
-    """Print one whole line; threads never interleave within a line."""
+    """Print one whole line; threads never interleave within a line. Hosts' words come in it (a
+    cause, a smoke reply, a stall's stacks): made printable here, whoever forgot."""
+    line = printable(line, lines=True)
     if _board is not None and not err:
         _board.message(line)
         return

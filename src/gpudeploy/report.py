@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .controlchars import printable
 from .flagcache import Learned
 from .model import Plan, Unit
 from .plan.build import SECRET_MASK
@@ -194,7 +195,7 @@ def deploy_summary(result: Any) -> tuple[str, bool]:
         out.append(deployment_line(dep))
     if len(result.deployments) > 1:
         out.append(summary_line(result))
-    return "\n".join(out), ok
+    return printable("\n".join(out), lines=True), ok  # causes quote the servers' lines
 
 
 def summary_line(result: Any) -> str:
@@ -356,7 +357,7 @@ def status_text(results: dict[str, Any]) -> tuple[str, bool]:
     table = [head, *rows]
     widths = [max(len(r[i]) for r in table) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in table]
-    return "\n".join(lines + (["", *notes] if notes else [])), ok
+    return printable("\n".join(lines + (["", *notes] if notes else [])), lines=True), ok  # hosts' words in it
 
 
 def gpu_load_text(load: dict[int, dict[str, Any]], standin: str | None) -> str:
@@ -412,7 +413,7 @@ def facts_text(results: dict[str, Any], hosts: dict[str, Any]) -> tuple[str, boo
             problems = layout_problems(host, res.gpus)
             ok = ok and not problems
             out += [f"  DIFFERS FROM THE INVENTORY: {p}" for p in problems] or ["  matches the inventory's GPUs"]
-    return "\n".join(out), ok
+    return printable("\n".join(out), lines=True), ok  # GPU names, processes' command lines
 
 
 def roles_text(found: list[Any]) -> str:

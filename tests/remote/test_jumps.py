@@ -3,12 +3,15 @@ no ssh -G at all unless some ssh_config file names a proxy."""
 
 from __future__ import annotations
 
+import functools
+import shlex
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from gpudeploy.errors import HostUnreachable
 from gpudeploy.model import Host, SshConfig, SshHop
 from gpudeploy.remote import jumps, openssh, sshconfig
 
@@ -74,22 +77,88 @@ def test_a_chain_that_cannot_be_dialled_is_refused(config: dict[str, str], error
         jumps.route(_host(), _lookup({k: jumps.Proxy(jump=v) for k, v in config.items()}))
 
 
-@pytest.mark.parametrize(("command", "refused"), [
-    ("ssh -W %h:%p bastion", True),
-    ("exec /usr/bin/ssh -q -W %h:%p bastion", True),
-    ("SSH_AUTH_SOCK=x ssh -W %h:%p bastion", True),
-    ("nc %h %p", False),
-    ("aws ssm start-session --target %h --document-name AWS-StartSSHSession", False),
-    ("/usr/local/bin/cloudflared access ssh --hostname %h", False),
-])
-def test_a_proxycommand_is_refused_only_when_it_runs_ssh(command: str, refused: bool) -> None:
+# A ProxyCommand and the ssh client it starts (None: it only relays bytes and is let through).
+PROXY_COMMANDS: list[tuple[str, str | None]] = [
+    ("ssh -W %h:%p bastion", "ssh"),
+    ("exec /usr/bin/ssh -q -W %h:%p bastion", "/usr/bin/ssh"),
+    ("SSH_AUTH_SOCK=x ssh -W %h:%p bastion", "ssh"),
+    # issue 43, item 12: the first word is not the only one that runs
+    ("env ssh -W %h:%p bastion", "ssh"),
+    ("env -u SSH_AUTH_SOCK A=1 /usr/bin/ssh -W %h:%p bastion", "/usr/bin/ssh"),
+    ('sh -c "ssh -W %h:%p bastion"', "ssh"),
+    ("bash -lc 'exec ssh -W %h:%p bastion'", "ssh"),
+    ("""sudo -u ops sh -c "sh -c 'ssh -W %h:%p bastion'\"""", "ssh"),
+    ("timeout 10 ssh -W %h:%p bastion", "ssh"),
+    ("timeout -s KILL 10 ssh -W %h:%p bastion", "ssh"),
+    ("nice -n 5 ssh -W %h:%p bastion", "ssh"),
+    ("exec nice ssh -W %h:%p bastion", "ssh"),
+    ("autossh -M 0 -W %h:%p bastion", "autossh"),
+    ("/mnt/c/Windows/System32/OpenSSH/ssh.exe -W %h:%p bastion", "/mnt/c/Windows/System32/OpenSSH/ssh.exe"),
+    ("sshpass -f pw ssh -W %h:%p bastion", "sshpass"),
+    ("nc -z bastion 22; ssh -W %h:%p bastion", "ssh"),
+    ("nc %h %p || exec ssh -W %h:%p bastion", "ssh"),
+    ("2>/dev/null ssh -W %h:%p bastion", "ssh"),
+    ("(ssh -W %h:%p bastion)", "ssh"),
+    ("eval ssh -W %h:%p bastion", "ssh"),
+    ("su ops -c 'ssh -W %h:%p bastion'", "ssh"),
+    ("nc $(ssh bastion cat gpu-address) %p", "ssh"),
+    ('nc "$(ssh bastion cat gpu-address)" %p', "ssh"),
+    ("nc%h#x; ssh -W %h:%p bastion", "ssh"),  # a # inside a word begins no comment
+    # relays: their own words are theirs, even the word ssh
+    ("nc %h %p", None),
+    ("exec nc %h %p", None),
+    ("socat - TCP:%h:%p", None),
+    ("corkscrew proxy.example 8080 %h %p", None),
+    ("nc -X connect -x proxy.example:3128 %h %p  # not through ssh", None),
+    ("timeout 5 nc ssh.example.com 22", None),  # a host whose name begins with ssh
+    ("aws ssm start-session --target %h --document-name AWS-StartSSHSession", None),
+    ("/usr/local/bin/cloudflared access ssh --hostname %h", None),
+    ("tsh proxy ssh %r@%h:%p", None),
+    ("$HOME/bin/relay %h %p 2>/dev/null", None),
+]
+
+
+@pytest.mark.parametrize(("command", "client"), PROXY_COMMANDS)
+def test_a_proxycommand_is_refused_only_when_it_runs_ssh(command: str, client: str | None, ssh_config: Path) -> None:
     lookup = _lookup({"gpu": jumps.Proxy(jump="bastion"), "bastion": jumps.Proxy(command=command)})
-    if refused:
-        with pytest.raises(jumps.JumpError, match="write it as ProxyJump"):
+    if client is not None:
+        with pytest.raises(jumps.JumpError) as exc:
             jumps.route(_host(), lookup)
+        assert f"ssh_config reaches bastion through `ProxyCommand {command}`" in str(exc.value)
+        assert f"runs `{client}`" in str(exc.value) and "write it as ProxyJump" in str(exc.value)
     else:
         route = jumps.route(_host(), lookup)
         assert (_names(route), route.relay) == (["bastion"], command)
+
+
+NESTED = functools.reduce(lambda line, _: "sh -c " + shlex.quote(line), range(10), "nc %h %p")
+
+
+@pytest.mark.parametrize(("command", "why"), [
+    ("sh -c 'ssh -W %h:%p bastion", "cannot be read as a shell command line (No closing quotation)"),
+    ("nc %h %p \\", "cannot be read as a shell command line (No escaped character)"),
+    ('"$SSH" -W %h:%p bastion', "whose program `$SSH` is known only when the shell runs it"),
+    ("exec $(command -v ssh) -W %h:%p bastion", "whose program `$(...)` is known only when the shell runs it"),
+    (NESTED, "nests command lines more than 8 deep"),
+])
+def test_a_proxycommand_that_could_hide_an_ssh_is_refused_saying_why(command: str, why: str,
+                                                                     ssh_config: Path) -> None:
+    lookup = _lookup({"gpu": jumps.Proxy(command=command)})
+    with pytest.raises(jumps.JumpError) as exc:
+        jumps.route(_host(), lookup)
+    assert f"ssh_config reaches gpu through `ProxyCommand {command}`, " in str(exc.value)
+    assert why in str(exc.value) and "write the hop as ProxyJump" in str(exc.value)
+
+
+def test_the_refusal_names_the_ssh_config_line_that_sets_the_proxycommand(ssh_config: Path) -> None:
+    ssh_config.write_text("Host gpu\n  ProxyJump bastion\n\nHost bastion\n"
+                          "  ProxyCommand timeout 10 ssh -W %h:%p outer\n")
+    with pytest.raises(HostUnreachable) as exc:
+        openssh.ssh_argv(_host(), ["true"])
+    assert str(exc.value) == (
+        f"gpu1: ssh_config reaches bastion through `ProxyCommand timeout 10 ssh -W %h:%p outer` ({ssh_config}:5), "
+        "which runs `ssh` through `timeout`: an ssh that gpudeploy cannot give its host-key checks to; write it as "
+        "ProxyJump (or set ssh.proxy_jump in the inventory)")
 
 
 # --- status's cost: ssh -G only where ssh_config names a proxy -------------------------------------

@@ -247,6 +247,34 @@ def test_on_a_terminal_the_view_is_redrawn_in_place(host: FakeHost, monkeypatch:
     assert "lab1/decode: health 200 -> 503" in last.split("changes:")[1]
 
 
+HOSTILE = ["\x1b]0;owned\x07\x1b]8;;https://evil.example/\x1b\\docs\x1b]8;;\x1b\\ \x1bP+q544e\x1b\\\x9b2J\x07\b\b",
+           f"\x1b]0;owned\x07\x1bP+q544e\x1b\\\x1b[3A\x1b[2K{ILLEGAL[0]}", f"\x9b31m{ILLEGAL[1]}\x1b[0m\x07\b",
+           ILLEGAL[2]]
+
+
+@pytest.mark.parametrize("tty", [False, True])
+def test_a_servers_escape_sequences_never_reach_the_view(host: FakeHost, monkeypatch: pytest.MonkeyPatch,
+                                                         tty: bool) -> None:
+    # issue 43, item 13: its last lines, and an error that quotes a host, are shown as text only
+    monkeypatch.setattr(watch, "POLL_S", 0.05)
+    monkeypatch.setattr(watch, "RECONNECT_S", (0.05, 0.05))
+    out = Screen(tty=tty)
+    with watching(out):
+        wait_until(lambda: "DEPLOYMENT" in out.getvalue(), 10, "the first table")
+        assert host.watching.wait(5)
+        sink = host.sinks[DECODE.name]
+        for line in HOSTILE:
+            sink.line(line)
+        sink.exited("Main process exited, code=exited, status=1/FAILURE", from_log=True)
+        wait_until(lambda: f"    | {ILLEGAL[1]}" in out.getvalue(), 5, "the death and its lines")
+        host.down = HostUnreachable("lab1", "ssh: \x1b]0;owned\x07connect to host lab1: \x1b[1mNo route\x1b[0m")
+        wait_until(lambda: "lab1: UNREACHABLE: lab1: ssh: connect to host lab1: No route" in out.getvalue(), 5,
+                   "the lost host")
+    text = out.getvalue().replace("\x1b[H\x1b[2J", "")  # the view's own redraw: the only escape it writes
+    assert f"    | {ILLEGAL[0]}\n    | {ILLEGAL[1]}\n" in text
+    assert re.search(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]", text) is None, repr(text)
+
+
 def test_changes_are_one_per_unit_and_say_what_moved() -> None:
     ok = Row("lab1/decode", "active/running", 41, "200", "healthy in lab1/lab-router", None)
     cases: list[tuple[dict[str, Any], dict[str, Any], list[str]]] = [

@@ -15,6 +15,7 @@ from typing import Any
 from invoke.exceptions import Exit
 
 from .. import interrupt
+from ..controlchars import printable
 from ..errors import GpudeployError
 
 DEFAULT_INVENTORY = "inventory/hosts.yml"
@@ -82,7 +83,7 @@ def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return fn(*args, **kwargs)
         except GpudeployError as exc:
-            raise Exit(f"gpudeploy: {exc}", code=1) from None
+            raise Exit(f"gpudeploy: {printable(str(exc), lines=True)}", code=1) from None  # a host's stderr in it
         except KeyboardInterrupt:
             print("gpudeploy: interrupted", file=sys.stderr)
             interrupt.leave(130)  # never waits for worker threads still on a host

@@ -33,6 +33,7 @@ from invoke.exceptions import Exit
 from invoke.tasks import task
 
 from .. import interrupt
+from ..controlchars import printable
 from .args import (
     FORKS_HELP,
     SELECT,
@@ -301,7 +302,7 @@ def teardown(c: Context, inventory: str | None = None, host: str | None = None, 
     for h, res in results.items():
         if isinstance(res, Err):
             ok = False
-            print(f"{h}: FAILED: {res}")
+            print(printable(f"{h}: FAILED: {res}", lines=True))
             continue
         if not res:
             print(f"{h}: nothing deployed")
@@ -315,7 +316,8 @@ def teardown(c: Context, inventory: str | None = None, host: str | None = None, 
                              f"{g.get('cmd') or '?'})" for g in o.gpu_left)
             verdict = "clean: no process left" if o.clean else \
                 "NOT CLEAN: " + "; ".join(x for x in (f"pids {o.left} alive" if o.left else "", held) if x)
-            print(f"{h}/{o.role}: was {o.was}; {verdict}{killed}{gpu}{'  (purged)' if o.purged else ''}")
+            # the processes' command lines are the host's words
+            print(printable(f"{h}/{o.role}: was {o.was}; {verdict}{killed}{gpu}{'  (purged)' if o.purged else ''}"))
     if not ok:
         raise Exit(code=1)
 

@@ -13,8 +13,12 @@ AutoAddPolicy (any key accepted). Here the chain is made explicit, in OpenSSH's 
 * A hop from ssh_config is checked against the known_hosts files of the host (or inventory hop)
   it leads to, with the login, port and key ssh_config gives it.
 * A ProxyCommand that runs ssh is a hop gpudeploy cannot give its options to: refused, with the
-  advice to write it as ProxyJump. Any other ProxyCommand (nc, socat, a cloud's tunnel) only
-  relays bytes: it makes no SSH hop, and the host key is still checked through it.
+  advice to write it as ProxyJump, and with the ssh_config line that sets it. Any ssh counts, at
+  any depth the shell would run it (``env ssh``, ``timeout 10 ssh``, ``sh -c "ssh ..."``,
+  ``autossh``: ``proxycommand``), and a command whose ssh could hide from that reading (one that
+  does not parse, a program named by ``$VAR``) is refused too. Any other ProxyCommand (nc, socat,
+  a cloud's tunnel) only relays bytes: it makes no SSH hop, and the host key is still checked
+  through it.
 * A loop (``Host * ProxyJump bastion`` reaching ``bastion`` too) or more than ``MAX_HOPS`` hops is
   refused (ssh itself would spawn itself without end).
 
@@ -23,14 +27,12 @@ No paramiko here (``invoke status`` imports this).
 
 from __future__ import annotations
 
-import os
 import re
-import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..model import Host, SshHop
-from . import sshconfig
+from . import proxycommand, sshconfig
 
 MAX_HOPS = 8
 
@@ -80,20 +82,15 @@ def parse_jump(value: str) -> list[tuple[str, str | None, int | None]]:
     return out
 
 
-def runs_ssh(command: str) -> bool:
-    """Does this ProxyCommand start an ssh (``ssh -W %h:%p bastion``, ``exec /usr/bin/ssh ...``)?"""
-    try:
-        words = shlex.split(command)
-    except ValueError:
-        return False
-    while words and (words[0] == "exec" or re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", words[0])):
-        words = words[1:]
-    return bool(words) and os.path.basename(words[0]) == "ssh"
-
-
 def _ident(hop: SshHop) -> str:
     who = f"{hop.user}@" if hop.user else ""
     return who + hop.address + (f":{hop.port}" if hop.port is not None else "")
+
+
+def _refused(dest: SshHop, command: str, refusal: proxycommand.Refusal) -> str:
+    where = ", ".join(sshconfig.lines_setting("ProxyCommand", command)[:3])  # ssh -G does not say
+    return (f"ssh_config reaches {dest.address} through `ProxyCommand {command}`" + (f" ({where})" if where else "")
+            + f", {refusal.why}: {refusal.advice} (or set ssh.proxy_jump in the inventory)")
 
 
 def _reach(dest: SshHop, lookup: Lookup, seen: list[str]) -> Route:
@@ -105,10 +102,9 @@ def _reach(dest: SshHop, lookup: Lookup, seen: list[str]) -> Route:
     if proxy.jump is None:
         if proxy.command is None:
             return Route()
-        if runs_ssh(proxy.command):
-            raise JumpError(f"ssh_config reaches {dest.address} through `ProxyCommand {proxy.command}`, an ssh "
-                            "that gpudeploy cannot give its host-key checks to; write it as ProxyJump (or set "
-                            "ssh.proxy_jump in the inventory)")
+        refusal = proxycommand.problem(proxy.command)
+        if refusal is not None:
+            raise JumpError(_refused(dest, proxy.command, refusal))
         return Route(relay=proxy.command)
     hops = [SshHop(address=h, user=u, port=p, key=None, known_hosts=dest.known_hosts,
                    connect_timeout_s=dest.connect_timeout_s) for h, u, p in parse_jump(proxy.jump)]

@@ -138,6 +138,23 @@ def scan() -> Scan:
         return result
 
 
+def lines_setting(keyword: str, value: str) -> list[str]:
+    """Where the ssh_config files set ``keyword`` to ``value``, as "file:line" (ssh -G tells what a
+    host gets, not from where): for a message that points at the line to change."""
+    out = []
+    for path in scan().files:
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                text = f.read()
+        except OSError:
+            continue
+        for number, line in enumerate(text.splitlines(), 1):
+            m = KEYWORD.match(line)
+            if m is not None and m.group(1).lower() == keyword.lower() and m.group(2).strip() == value.strip():
+                out.append(f"{path}:{number}")
+    return out
+
+
 _effective: dict[tuple[object, ...], dict[str, str]] = {}
 _effective_lock = threading.Lock()
 

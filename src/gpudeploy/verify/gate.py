@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import tenacity
 from tenacity import retry_if_result, stop_after_delay, wait_exponential
 
+from ..controlchars import printable
 from ..errors import GpudeployError
 from ..fanout import Cancel, say
 from ..model import Unit
@@ -73,7 +74,6 @@ class Warming:
 WARMING = Warming()
 
 
-ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 JOURNAL_CATCH_UP_S = 0.3  # after a death, how long the stream may lag behind the unit's state
 FATAL_GRACE_S = 0.4  # after a fatal line, collect the lines that explain it (e.g. "Possible solutions")
 # A fatal line that opens a Python traceback ("Scheduler hit an exception: Traceback ...") is
@@ -173,7 +173,7 @@ class _Watch:
         self.on_phase(self.unit, phase, time.monotonic() - self.t0, "", None)
 
     def reached(self, text: str) -> None:
-        """The phase a log line (ANSI codes removed) says the run reached, if it says one."""
+        """The phase a log line (made printable) says the run reached, if it says one."""
         phase = phase_of(text, self.fmt)
         if phase:
             self.set_phase(phase)
@@ -182,7 +182,9 @@ class _Watch:
     def line(self, text: str) -> None:
         if self.closed:
             return
-        text = ANSI.sub("", text)  # sglang-router colours its log even without a terminal
+        # sglang-router colours its log even without a terminal; and a server's line may hold any
+        # escape sequence: it is matched, kept and shown as the terminal would show it, never raw
+        text = printable(text)
         self.lines.append(text)
         self.moved()  # a line, and so a shard or a CUDA-graph batch, is progress
         self.reached(text)
@@ -360,13 +362,13 @@ def _say_stall(unit: Unit, text: str) -> None:
 def _read_lines(remote: Transport, supervisor: Supervisor, watch: _Watch) -> None:
     """This run's lines read directly from its log, where they are more than the stream brought."""
     try:
-        lines = supervisor.run_lines(remote, watch.run)
+        lines = [printable(text) for text in supervisor.run_lines(remote, watch.run)]
     except GpudeployError:
         return
     if len(lines) > len(watch.lines):
         watch.lines[:] = lines
         for text in lines:  # the phase the run reached is in them too (set_phase never goes back)
-            watch.reached(ANSI.sub("", text))
+            watch.reached(text)
 
 
 def _explained(lines: list[str], fmt: LogFormat) -> bool:

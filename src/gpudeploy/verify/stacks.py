@@ -16,6 +16,7 @@ import json
 import posixpath
 from typing import Any
 
+from ..controlchars import printable
 from ..errors import GpudeployError
 from ..facts.probe import probe
 from ..model import Unit
@@ -114,14 +115,14 @@ def parse(doc: dict[str, Any], shown: list[dict[str, Any]], total: int, named: s
         hint = ("the role's health.py_spy names it, but it is not there" if named else
                 "install it (`pip install py-spy`) beside the engine, or name it in the role: health: {py_spy: PATH}")
         return Stacks(note=f"no Python stacks: no py-spy on the host (looked at {where}); {hint}")
-    cmds = {int(p["pid"]): str(p.get("cmd") or "") for p in shown}
+    cmds = {int(p["pid"]): printable(str(p.get("cmd") or "")) for p in shown}
     stacks = []
     for item in doc.get("stacks") or []:
         pid = int(item["pid"])
-        text = str(item.get("text") or "")
+        text = printable(str(item.get("text") or ""), lines=True)  # the process's own words: its escapes too
         lines = text.splitlines()
         if len(lines) > MAX_LINES:
             text = "\n".join([*lines[:MAX_LINES], f"... {len(lines) - MAX_LINES} more lines"])
-        stacks.append(Stack(pid, cmds.get(pid, ""), text, str(item.get("error") or "")))
+        stacks.append(Stack(pid, cmds.get(pid, ""), text, printable(str(item.get("error") or ""))))
     note = f"({total - len(shown)} more processes not dumped)" if total > len(shown) else ""
     return Stacks(tuple(stacks), note)

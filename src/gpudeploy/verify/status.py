@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..controlchars import printable
 from ..errors import GpudeployError
 from ..facts.probe import probe
 from ..fanout import for_each_host
@@ -223,7 +224,7 @@ def _status(host: Host, st: UnitState, unit: Unit | None, health: str, now: floa
     failure = next_step = None
     evidence: list[str] = []
     if st.failed:
-        cause = classify(st.log_tail, dict(unit.role.settings) if unit else {}, exited=True,
+        cause = classify([printable(t) for t in st.log_tail], dict(unit.role.settings) if unit else {}, exited=True,
                          exit_status=st.exit_words, fmt=log_format(unit.role.log_format if unit else None))
         if cause:
             failure, next_step, evidence = cause.summary, cause.next_step, list(cause.evidence)

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, TextIO
 
 from .. import interrupt
+from ..controlchars import printable
 from ..errors import GpudeployError, RemoteError
 from ..facts.probe import probe
 from ..fanout import Cancel
@@ -46,7 +47,6 @@ PROBE_TIMEOUT_S = 30.0
 RECONNECT_S = (1.0, 10.0)  # an unreachable host is tried again after 1 s, backing off to 10 s
 CATCH_UP_S = 0.3  # after the state said a run ended, how long its log stream may lag behind
 RECENT = 8  # changes shown under the table on a terminal
-ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 Results = dict[str, "list[UnitStatus] | GpudeployError | None"]  # host -> its units, its error, not yet known
 Table = Callable[[dict[str, Any]], tuple[str, bool]]  # report.status_text
@@ -170,7 +170,7 @@ class _RunSink:
         self.lock = threading.Lock()
 
     def line(self, text: str) -> None:
-        self.lines.append(ANSI.sub("", text))
+        self.lines.append(printable(text))  # never a server's escape sequences on the view
 
     def exited(self, words: str, *, from_log: bool) -> None:
         with self.lock:
@@ -262,7 +262,8 @@ class HostFollower:
             facts = probe(remote, {"units": [st.name], "journal_lines": self.keep}, timeout=PROBE_TIMEOUT_S)
             tail = for_host(self.host, facts).states(facts).get(st.name)
             unit = self.planned.get(st.name)
-            cause = classify(tail.log_tail if tail else [], dict(unit.role.settings) if unit else {}, exited=True,
+            cause = classify([printable(t) for t in tail.log_tail] if tail else [],
+                             dict(unit.role.settings) if unit else {}, exited=True,
                              exit_status=st.exit_words, fmt=log_format(unit.role.log_format if unit else None))
         if cause is not None:
             self.causes[(st.name, st.run_id)] = cause
@@ -296,7 +297,7 @@ class HostFollower:
         """The stream (or its state poll) says a followed run ended: its cause, now."""
         if not sink.log_saw_exit.wait(CATCH_UP_S) and self.remote is not None and self.supervisor is not None:
             try:  # the state said it first and the stream lags: read the run's own lines directly
-                lines = self.supervisor.run_lines(self.remote, sink.run)[-self.keep:]
+                lines = [printable(t) for t in self.supervisor.run_lines(self.remote, sink.run)[-self.keep:]]
             except GpudeployError:
                 lines = []
             if len(lines) > len(sink.lines):
@@ -353,16 +354,17 @@ class View:
         self.recent.extend(found)
         table, _ = self.table({h: (r if r is not None else GpudeployError("not answered yet"))
                                for h, r in shown.items()})
+        table = printable(table, lines=True)  # hosts' words in it: only the view's own escapes reach the terminal
         if self.tty:
             head = (f"gpudeploy status --watch  {time.strftime('%H:%M:%S')}  (a death at once, the rest every "
                     f"{POLL_S:g} s; Ctrl-C ends)")
-            recent = ["", "changes:", *(c.render() for c in self.recent)] if self.recent else []
+            recent = ["", "changes:", *(printable(c.render(), lines=True) for c in self.recent)] if self.recent else []
             self.out.write("\x1b[H\x1b[2J" + "\n".join([head, "", table, *recent]) + "\n")
         elif first:
             self.out.write(table + f"\n\nwatching: a death is shown at once, the rest every {POLL_S:g} s; "
                            "Ctrl-C ends\n")
         else:
-            self.out.write("".join(c.render() + "\n" for c in found))
+            self.out.write("".join(printable(c.render(), lines=True) + "\n" for c in found))
         self.out.flush()
         return found
 
