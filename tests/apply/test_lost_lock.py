@@ -175,3 +175,25 @@ def test_after_a_stall_that_let_another_run_take_the_lock_the_next_write_is_refu
             other.stdin.close()  # the other run ends: its holder lets go
             other.wait(timeout=10)
     assert (tmp_path / "before").read_bytes() == b"a"
+
+
+def test_a_routers_worker_list_is_not_changed_over_http_once_the_lock_is_lost() -> None:
+    """A roll changes the router's workers over HTTP (through the host's ssh connection): after the
+    loss that request is not made, and it says "lost the host lock", not "no answer", so the roll
+    stops there and the host fails (apply/deployment.py) instead of the roll going on."""
+    from gpudeploy.apply.held import HeldTransport
+    from gpudeploy.verify import router_api
+    from gpudeploy.verify.smoke import smoke_test
+
+    plan = load_plan(str(REPO / "inventory" / "lab.yml"), host="lab1", memory=False)
+    router = next(u for u in plan.units if u.role.engine == "sglang_router")
+    engines = [u for u in plan.units if u.role.engine == "sglang"]
+    remote = _Remote(router.host)
+    held = lockmod.HostLock(remote, 0)  # type: ignore[arg-type]
+    held.lost = "its heartbeat could not be sent: OSError: Socket is closed"
+    via = HeldTransport(remote, held)  # type: ignore[arg-type]
+    with pytest.raises(RemoteError, match="lab1: lost the host lock"):
+        router_api.remove(router, via, "worker-1")
+    with pytest.raises(RemoteError, match="lab1: lost the host lock"):
+        smoke_test(router, engines, via=via)
+    assert remote.reached == []

@@ -8,7 +8,8 @@ a check in each of those places would be missed by the next one added, and telli
 read by its argv is guesswork. So the session's transport asks the lock before every command,
 write, stream and TCP connection, locally and with no round trip (``HostLock.check``), and the
 LockLost it raises fails the host as a whole, as any remote error of a phase does (code that takes
-a host's error for one unit's lets this one through: the start and the record in apply/deploy.py).
+a host's error for one unit's, or for "no answer", lets this one through: the start and the record
+in apply/deploy.py, an HTTP ask, the smoke).
 A read refused with it costs nothing: the host is lost to this run anyway. What cannot be refused
 is a step sent before the loss is known (during the stall itself): that needs the host to check;
 the holder's end comes back on the same connection before that step's answer, so the step after
