@@ -197,3 +197,32 @@ def test_a_routers_worker_list_is_not_changed_over_http_once_the_lock_is_lost() 
     with pytest.raises(RemoteError, match="lab1: lost the host lock"):
         smoke_test(router, engines, via=via)
     assert remote.reached == []
+
+
+def test_a_roll_that_meets_a_lost_lock_fails_that_host_and_the_deploy_goes_on_to_its_report(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before, the LockLost of a roll's step left deploy altogether: no report, the other
+    deployments not deployed."""
+    from gpudeploy.apply import rolling
+    from gpudeploy.errors import LockLost
+
+    plan = load_plan(str(REPO / "inventory" / "lab.yml"), host="lab1", memory=False)
+    units = list(plan.units)
+    host = units[0].host
+    states = systemd.SYSTEMD.states({"units": {u.name: {"props": {"ActiveState": "active"}} for u in units}})
+    session = deployment.HostSession(host, _Remote(host), systemd.SYSTEMD, units,  # type: ignore[arg-type]
+                                     files={u.name: {u.unit_path: (b"new", 0o644)} for u in units},
+                                     facts={"files": {}}, states=states, healthy={u.name: True for u in units})
+    monkeypatch.setattr(rolling, "room", lambda plan, unit, views: (unit, ""))
+
+    def roll(*a: Any, **kw: Any) -> Any:  # its first step there found the lock lost
+        raise LockLost("lab1", "its holder on the host exited")
+
+    monkeypatch.setattr(rolling, "roll", roll)
+    sessions_ = {"lab1": session}
+    result = deployment.DeployResult({}, {"lab": deployment.DeploymentOutcome("lab")})
+    done = deployment._roll_serving(plan, sessions_, units, {}, None, d.Options(), Cancel(), result, {})  # type: ignore[arg-type]
+    assert done == {"lab"} and sessions_ == {}  # dealt with here; the host is out of the run
+    text, ok = deploy_summary(result)
+    assert not ok and "lab1: FAILED: lab1: lost the host lock (its holder on the host exited)" in text
+    assert "lost the host lock" in result.deployments["lab"].failure
