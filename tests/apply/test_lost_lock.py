@@ -226,3 +226,23 @@ def test_a_roll_that_meets_a_lost_lock_fails_that_host_and_the_deploy_goes_on_to
     text, ok = deploy_summary(result)
     assert not ok and "lab1: FAILED: lab1: lost the host lock (its holder on the host exited)" in text
     assert "lost the host lock" in result.deployments["lab"].failure
+
+
+def test_a_failed_deployments_clean_up_does_not_call_units_stopped_where_the_lock_was_lost() -> None:
+    from gpudeploy.apply.held import HeldTransport
+
+    plan = load_plan(str(REPO / "inventory" / "lab.yml"), host="lab1", memory=False)
+    decode = next(u for u in plan.units if u.role.name == "decode")
+    remote = _Remote(decode.host)
+    held = lockmod.HostLock(remote, 0)  # type: ignore[arg-type]
+    held.lost = "its holder on the host exited"
+    session = deployment.HostSession(decode.host, HeldTransport(remote, held),  # type: ignore[arg-type]
+                                     systemd.SYSTEMD, [decode])
+    result = deployment.DeployResult({}, {decode.deployment: deployment.DeploymentOutcome(decode.deployment)})
+    result.deployments[decode.deployment].fail("lab1/lab-router failed its gate")
+    outcomes = {decode.key: d.UnitOutcome(decode, "started", True, 42)}
+    deployment._clean_up_failures({"lab1": session}, [decode], d.Options(), result, outcomes, Cancel())
+    assert remote.reached == []
+    assert result.deployments[decode.deployment].stopped == []  # it was not stopped: not said so
+    assert "lab1: lost the host lock (its holder on the host exited)" in str(result.hosts["lab1"])
+    assert outcomes[decode.key].message == ""

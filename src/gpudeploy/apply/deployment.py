@@ -554,8 +554,14 @@ def _clean_up_failures(sessions: dict[str, HostSession], units: list[Unit], opts
                     timeout = max(o.unit.role.stop_timeout_s for o in batch) + STOP_MARGIN_S
                     s.supervisor.stop(s.remote, names, timeout)
 
-            for_each_host(list({o.unit.host.name: o.unit.host for o in batch}.values()), stop, cancel)
+            done = for_each_host(list({o.unit.host.name: o.unit.host for o in batch}.values()), stop, cancel)
+            for name, res in done.items():  # e.g. its lock was lost: nothing was stopped there
+                if isinstance(res, GpudeployError) and name in sessions:
+                    _host_failed(result, units, name, res)
+                    sessions.pop(name)
             for o in batch:
+                if isinstance(done.get(o.unit.host.name), GpudeployError):
+                    continue
                 dep.stopped.append(o.unit.key)
                 if o.ok:
                     o.message = "stopped: its deployment failed"
