@@ -246,3 +246,26 @@ def test_a_failed_deployments_clean_up_does_not_call_units_stopped_where_the_loc
     assert result.deployments[decode.deployment].stopped == []  # it was not stopped: not said so
     assert "lab1: lost the host lock (its holder on the host exited)" in str(result.hosts["lab1"])
     assert outcomes[decode.key].message == ""
+
+
+def test_a_host_that_refuses_port_forwarding_is_said_once_though_the_gate_reads_through_the_bare_transport(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpudeploy.apply.held import HeldTransport, reading
+    from gpudeploy.remote.base import ForwardingRefused
+    from gpudeploy.verify import http
+
+    said: list[str] = []
+    monkeypatch.setattr(http, "say", said.append)
+    monkeypatch.setattr(http.onhost, "request", lambda via, mode, url, body, timeout, **kw: http.onhost.Answer(200))
+    plan = load_plan(str(REPO / "inventory" / "lab.yml"), host="lab1", memory=False)
+    remote = _Remote(plan.units[0].host)
+
+    def refused(address: str, port: int, timeout: float) -> Any:
+        remote.reached.append("tcp")
+        raise ForwardingRefused("the ssh server of lab1 refuses port forwarding")
+
+    monkeypatch.setattr(remote, "open_tcp", refused)
+    held = HeldTransport(remote, lockmod.HostLock(remote, 0))  # type: ignore[arg-type]
+    assert http.status_of("http://10.231.0.11:30000/health", 1, via=reading(held)) == 200  # the gate's ask
+    assert http.status_of("http://10.231.0.11:30000/health", 1, via=held) == 200  # the smoke's, later
+    assert remote.reached == ["tcp"] and len(said) == 1

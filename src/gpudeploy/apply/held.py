@@ -36,6 +36,14 @@ class HeldTransport:
         self.lock = lock
         self.host: Host = remote.host
 
+    # The same connection as ``remote``: what is known of a connection, kept by transport (a host whose
+    # sshd refuses port forwarding, verify/http.py), holds for both, the gate's and the others'.
+    def __hash__(self) -> int:
+        return hash(self.remote)
+
+    def __eq__(self, other: object) -> bool:
+        return other is self.remote or (isinstance(other, HeldTransport) and other.remote is self.remote)
+
     def open(self) -> None:
         self.remote.open()
 
