@@ -4,6 +4,7 @@
     +-- InputError                  bad inventory/role/template input; carries every Problem found
     +-- RemoteError                 something on a host went wrong (ssh, systemctl, upload)
     |   +-- HostUnreachable         no ssh connection could be made
+    |   +-- LockLost                the host lock this run held is gone: nothing more is done there
     +-- GateFailed                  the health gate saw the server die, hang or time out
 
 Nothing a user can cause should escape as a bare traceback; see ``tasks.py``.
@@ -62,6 +63,16 @@ class RemoteError(GpudeployError):
 
 class HostUnreachable(RemoteError):
     """The host could not be reached over ssh."""
+
+
+class LockLost(RemoteError):
+    """The host lock this run held is gone (apply/lock.py): another gpudeploy run may hold it now, so
+    this run changes nothing more on the host, which fails as a whole with this reason. Code that
+    takes a host's error for "no answer" (an HTTP ask, the smoke) lets this one through."""
+
+    def __init__(self, host: str, why: str) -> None:
+        super().__init__(host, f"lost the host lock ({why}): another gpudeploy run may hold it now; "
+                         "nothing more was changed there")
 
 
 class GateFailed(GpudeployError):

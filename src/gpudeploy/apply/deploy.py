@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .. import interrupt
-from ..errors import GpudeployError, InputError, Problem
+from ..errors import GpudeployError, InputError, LockLost, Problem
 from ..fanout import Cancel, progress, progress_done, say
 from ..model import Plan, Unit
 from ..plan.build import render_env
@@ -27,6 +27,7 @@ from ..plan.render import Renderer
 from ..remote.base import Transport
 from ..supervisor.base import Run, Supervisor, UnitState
 from ..verify.group import GroupLinks
+from .held import reading
 from .ready_record import write_ready
 
 if TYPE_CHECKING:
@@ -152,6 +153,9 @@ def start_and_gate(remote: Transport, supervisor: Supervisor, units: list[Unit],
         try:
             run = supervisor.start(remote, u.name, was_active=states[u.name].active,
                                    stop_timeout_s=u.role.stop_timeout_s)
+        except LockLost:  # nothing was started: the host fails as a whole (apply/held.py)
+            interrupt.clear(u.key)
+            raise
         except GpudeployError as exc:
             # e.g. the old run ignored SIGTERM past the restart's timeout: systemd is still at it.
             cause = Cause("start-failed", f"could not be started: {str(exc).splitlines()[0]}", (),
@@ -184,7 +188,8 @@ def start_and_gate(remote: Transport, supervisor: Supervisor, units: list[Unit],
             say(f"[{host}/{u.role.name}] FAILED after {gate.elapsed_s:.1f} s ({gate.phase}): {gate.cause.summary}")
 
     try:
-        gates = gate_runs(remote, supervisor, started, on_phase=on_phase, flag_name=_flag_name,
+        # the gate only reads: it may finish its watch after the host lock is lost (apply/held.py)
+        gates = gate_runs(reading(remote), supervisor, started, on_phase=on_phase, flag_name=_flag_name,
                           timeout_s=opts.timeout_s, cancel=cancel, links=links, on_done=on_done)
     except GpudeployError as exc:  # the watch could not even start (connection lost right then)
         gates = {u.name: GateResult(False, "starting", 0.0, Cause("connection-lost", str(exc)),
@@ -192,10 +197,14 @@ def start_and_gate(remote: Transport, supervisor: Supervisor, units: list[Unit],
         for u, _ in started:
             if links is not None:
                 links.failed(u)
+    lost: LockLost | None = None
     for u, run in started:
         progress_done(u.key)
         try:
             outcomes[u.name] = _after_gate(remote, supervisor, u, run, gates[u.name], files, opts)
+        except LockLost as exc:  # not recorded, not stopped: the host fails as a whole, below
+            lost = exc
+            outcomes[u.name] = UnitOutcome(u, "failed", False, run.main_pid, gates[u.name], message=str(exc))
         except GpudeployError as exc:
             outcomes[u.name] = UnitOutcome(u, "failed", False, run.main_pid, gates[u.name],
                                            message=f"after the gate: {exc}")
@@ -205,6 +214,8 @@ def start_and_gate(remote: Transport, supervisor: Supervisor, units: list[Unit],
         outcomes[u.name].measured = _measured(u, gates[u.name])
         if not outcomes[u.name].left_running:
             interrupt.clear(u.key)  # ready, or failed and dealt with: nothing left half done there
+    if lost is not None:
+        raise lost
     return [outcomes[u.name] for u in units]
 
 

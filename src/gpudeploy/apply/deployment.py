@@ -17,7 +17,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..errors import GpudeployError, InputError
+from ..errors import GpudeployError, InputError, LockLost
 from ..facts.probe import probe
 from ..fanout import Cancel, Interrupted, for_each_host, say, show_progress
 from ..model import Host, Plan, Unit
@@ -253,6 +253,13 @@ def _host_failed(result: DeployResult, units: list[Unit], host: str, error: Gpud
         result.deployments[dep].fail(f"host {host} failed: {str(error).splitlines()[0]}")
 
 
+def _lost_host(result: DeployResult, units: list[Unit], sessions: dict[str, HostSession], error: LockLost) -> None:
+    """A host whose lock was lost in a step outside a phase (a roll, a surge copy put away): it fails
+    and drops out of the run, as in a phase."""
+    _host_failed(result, units, error.host, error)
+    sessions.pop(error.host, None)
+
+
 def _run(plan: Plan, sessions: dict[str, HostSession], units: list[Unit], secrets: dict[str, str],
          renderer: Renderer, opts: Options, cancel: Cancel, result: DeployResult,
          outcomes: dict[str, UnitOutcome]) -> None:
@@ -305,8 +312,12 @@ def _run(plan: Plan, sessions: dict[str, HostSession], units: list[Unit], secret
 
     # Surge copies an earlier roll left behind go first: the roll below needs their room.
     found = {n: surges.Where(s.remote, s.supervisor, s.states, s.facts) for n, s in sessions.items()}
-    kept = surges.put_away([u for u in units if u.host.name in sessions], found,
-                           {name: h for s in sessions.values() for name, h in s.healthy.items()})
+    kept: list[str] = []
+    try:
+        kept = surges.put_away([u for u in units if u.host.name in sessions], found,
+                               {name: h for s in sessions.values() for name, h in s.healthy.items()})
+    except LockLost as exc:  # outside a phase: the host fails as it would in one
+        _lost_host(result, units, sessions, exc)
     stop_first: set[str] = set()
     rolled = _roll_serving(plan, sessions, units, secrets, renderer, opts, cancel, result, outcomes, stop_first)
     if rolled:
@@ -411,7 +422,11 @@ def _run(plan: Plan, sessions: dict[str, HostSession], units: list[Unit], secret
     _clean_up_failures(sessions, units, opts, result, outcomes, cancel)
     _restore_previous(sessions, units, opts, result, outcomes, cancel)
     if kept:
-        surges.put_away_now_ready([u for u in units if u.host.name in sessions and deps[u.deployment].ok], found, kept)
+        try:
+            surges.put_away_now_ready([u for u in units if u.host.name in sessions and deps[u.deployment].ok],
+                                      found, kept)
+        except LockLost as exc:
+            _lost_host(result, units, sessions, exc)
 
 
 def _roll_serving(plan: Plan, sessions: dict[str, HostSession], units: list[Unit], secrets: dict[str, str],
@@ -471,6 +486,11 @@ def _roll_serving(plan: Plan, sessions: dict[str, HostSession], units: list[Unit
         dep_out = result.deployments[dep]
         try:
             r = rolling.roll(plan, mine, changed, views, files, secrets, renderer, opts, cancel)
+        except LockLost as exc:  # a host of the roll: it fails as it would in a phase; the roll stops there
+            dep_out.fail(f"its rolling update stopped: {exc}")  # (also where the host was only a surge's)
+            _lost_host(result, units, sessions, exc)
+            views.pop(exc.host, None)
+            continue
         except rolling.RollInterrupted as exc:
             dep_out.rolled, dep_out.left = exc.roll.steps, rolling.left_running(exc.roll)
             dep_out.fail(exc.roll.failure)
@@ -575,8 +595,14 @@ def _clean_up_failures(sessions: dict[str, HostSession], units: list[Unit], opts
                     timeout = max(o.unit.role.stop_timeout_s for o in batch) + STOP_MARGIN_S
                     s.supervisor.stop(s.remote, names, timeout)
 
-            for_each_host(list({o.unit.host.name: o.unit.host for o in batch}.values()), stop, cancel)
+            done = for_each_host(list({o.unit.host.name: o.unit.host for o in batch}.values()), stop, cancel)
+            for name, res in done.items():  # e.g. its lock was lost: nothing was stopped there
+                if isinstance(res, GpudeployError) and name in sessions:
+                    _host_failed(result, units, name, res)
+                    sessions.pop(name)
             for o in batch:
+                if isinstance(done.get(o.unit.host.name), GpudeployError):
+                    continue
                 dep.stopped.append(o.unit.key)
                 if o.ok:
                     o.message = "stopped: its deployment failed"

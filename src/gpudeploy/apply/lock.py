@@ -7,6 +7,11 @@ channel. It is released when that process exits, which it does when:
     client that vanished (no ClientAliveInterval by default), a heartbeat bounds that.
 A waiter polls with LOCK_NB until its own deadline and then exits: it never takes the lock after
 its client has given up on it.
+
+A lock can be lost while we still work on the host: a network stall of over 10 s ends the holder
+(its heartbeat stopped arriving) and another run may take the lock. ``HostLock.check`` says so once
+it is known (the holder exited, a beat could not be sent, or none was sent for 10 s); the session's
+transport asks it before each step (apply/held.py), so nothing more is changed on that host.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import GpudeployError, RemoteError
+from ..errors import GpudeployError, LockLost, RemoteError
 from ..fanout import Cancel
 from ..remote.base import Stream, Transport
 
@@ -150,6 +155,8 @@ class HostLock:
         self.beat: threading.Thread | None = None
         self.sending = threading.Lock()  # a heartbeat dot never lands inside the spec's line
         self.buf = b""  # what the holder wrote after its last whole line
+        self.beaten = time.monotonic()  # when the last heartbeat was sent
+        self.lost: str | None = None  # why the lock is known lost (the heartbeat's thread says so too)
 
     def __enter__(self) -> HostLock:
         self.start()
@@ -163,6 +170,7 @@ class HostLock:
         probe = LATER if probe_later else self.probe
         chan = self.remote.stream(holder_argv(self.remote.host.python or "python3", self.wait_s, holder, probe))
         self.chan = chan
+        self.beaten = time.monotonic()
         self.beat = threading.Thread(target=self._heartbeat, args=(chan,), daemon=True)
         self.beat.start()
         return self
@@ -201,7 +209,7 @@ class HostLock:
     def more(self) -> dict[str, Any] | None:
         """The probe's second stage (its spec's ``later``), read by the holder under the lock: its
         facts, or None where the holder answered without them (the caller probes on its own and says
-        why). RemoteError where the holder is gone: the lock went with it."""
+        why). LockLost where the holder is gone: the lock went with it."""
         later = (self.probe or {}).get("later")
         if later is None:
             return None
@@ -219,8 +227,22 @@ class HostLock:
             if self.cancel is not None and self.cancel.is_set():
                 raise
             detail = exc.args[-1] if isinstance(exc, RemoteError) else f"{type(exc).__name__}: {exc}"
-            raise RemoteError(self.remote.host.name, "lost the host lock, nothing more was done there "
-                              f"({str(detail).removeprefix(self.remote.host.name + ': ')})") from None
+            self.lost = self.lost or str(detail).removeprefix(self.remote.host.name + ": ")
+            raise LockLost(self.remote.host.name, self.lost) from None
+
+    def check(self) -> None:
+        """LockLost once the lock is known lost: its holder on the host exited (it lets go of the lock
+        as it does), a heartbeat could not be sent, or none was sent for the time after which the
+        holder lets go. Asked before each step on the host (apply/held.py): a local look, no round trip.
+        What is not known yet cannot be said: a step sent during a stall goes out; the one after the
+        holder's end has come back (on the same connection, so before that step's answer) is refused."""
+        if self.lost is None and self.chan is not None and self.chan.exit_status_ready():
+            self.lost = (f"its holder on the host exited: no heartbeat reached it for {HEARTBEAT_TIMEOUT_S:g} s "
+                         "(a network stall?) or it was killed")
+        if self.lost is None and time.monotonic() - self.beaten >= HEARTBEAT_TIMEOUT_S:
+            self.lost = f"no heartbeat could be sent to its holder for {HEARTBEAT_TIMEOUT_S:g} s"
+        if self.lost is not None:
+            raise LockLost(self.remote.host.name, self.lost)
 
     def _line(self, deadline: float, doing: str = "waiting for the host lock") -> str | None:
         """The holder's next line; None at the deadline. RemoteError where the holder exited."""
@@ -252,9 +274,13 @@ class HostLock:
             try:
                 with self.sending:
                     chan.sendall(b".")
+                self.beaten = time.monotonic()
             except TimeoutError:
-                continue  # a slow moment: the holder allows HEARTBEAT_TIMEOUT_S
-            except Exception:  # the channel or the connection is gone (paramiko: OSError, EOFError)
+                continue  # a slow moment: the holder allows HEARTBEAT_TIMEOUT_S (check() counts it)
+            except Exception as exc:  # the channel or the connection is gone (paramiko: OSError, EOFError)
+                if not self.stopped.is_set():  # (not our own close, in __exit__)
+                    why = f"{type(exc).__name__}: {exc}".rstrip(": ")
+                    self.lost = self.lost or f"its heartbeat could not be sent: {why}"
                 return
 
     def __exit__(self, *exc: object) -> None:

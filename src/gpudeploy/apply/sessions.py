@@ -2,7 +2,8 @@
 
 All locks are taken at once when none is busy; when one is, every lock taken is let go and they
 are taken again one after another in host-name order, waiting where needed: two runs that share
-hosts then never wait for each other in a ring.
+hosts then never wait for each other in a ring. A session's transport refuses every step once its
+lock is known lost (held.py).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from ..remote.base import Transport
 from ..supervisor import for_host
 from ..supervisor.base import Supervisor
 from .early_locks import EarlyLocks
+from .held import HeldTransport
 from .lock import HostLock, LockBusy
 
 
@@ -91,7 +93,8 @@ def open_sessions(hosts: list[Host], lock_wait_s: float, cancel: Cancel | None, 
         lock = locks[h.name]
         if isinstance(lock, HostLock):
             stack.callback(lock.__exit__)
-            sessions[h.name] = Session(h, remotes[h.name], for_host(h), lock.facts, lock)
+            # every step on the host asks the lock first: none once it is lost (held.py says why there)
+            sessions[h.name] = Session(h, HeldTransport(remotes[h.name], lock), for_host(h), lock.facts, lock)
         else:
             errors[h.name] = lock
     return sessions, errors

@@ -48,6 +48,9 @@ class Stream(Protocol):
     def sendall(self, data: bytes) -> None:
         """Write to the command's stdin."""
 
+    def exit_status_ready(self) -> bool:
+        """The command has ended (a look, no waiting): the host lock's holder is gone, and its lock with it."""
+
     def close(self) -> None: ...
 
 

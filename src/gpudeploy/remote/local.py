@@ -58,6 +58,9 @@ class LocalStream:
         self.proc.stdin.write(data)
         self.proc.stdin.flush()
 
+    def exit_status_ready(self) -> bool:
+        return self.proc.poll() is not None
+
     def close(self) -> None:
         """End the command (its stdin closes first, as an ssh channel's would), by its own PID."""
         for pipe in (self.proc.stdin, self.proc.stdout, self.proc.stderr):

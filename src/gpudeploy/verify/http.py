@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from ..errors import GpudeployError
+from ..errors import GpudeployError, LockLost
 from ..fanout import say
 from ..remote.base import ForwardingRefused, Socket, Transport
 from . import onhost
@@ -135,6 +135,8 @@ def request(url: str, *, timeout: float, via: Transport | None = None, body: Any
         assert via is not None
         _refused(via, exc)
         return request(url, timeout=timeout, via=via, body=body, method=method)
+    except LockLost:
+        raise  # nothing was sent: the host is lost to this run (its deploy fails it), not silent
     except (OSError, http.client.HTTPException, ValueError, GpudeployError):
         # refused, reset, timed out, a port that speaks something else (BadStatusLine), a lost host
         return None

@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import GpudeployError
+from ..errors import GpudeployError, LockLost
 from ..remote.base import Transport
 
 # argv: MODE URL BODY_JSON TIMEOUT MAX_EVENTS MAX_BYTES; MODE get | post | delete | sse. One JSON line out:
@@ -86,6 +86,8 @@ def request(via: Transport, mode: str, url: str, body: Any, timeout: float, *, m
             f"{timeout:g}", str(max_events), str(max_bytes)]
     try:
         res = via.run(argv, timeout=timeout + 15, check=False)
+    except LockLost:
+        raise  # nothing was run: the host is lost to this run, not silent (errors.py)
     except GpudeployError as exc:
         return Answer(None, error=str(exc))
     try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import LockLost
 from ..model import Smoke, Unit
 from ..remote.base import Transport
 from .http import stream_events
@@ -69,6 +70,8 @@ def smoke_test(router: Unit, upstreams: list[Unit], via: Transport | None) -> Sm
     body = request_body(smoke, model_name(router, upstreams))
     try:
         got = stream_events(url, body, timeout=smoke.timeout_s, via=via)
+    except LockLost:
+        raise  # nothing was sent: the router's host is lost to this run (its deploy fails it)
     except Exception as exc:  # refused, reset, timed out, lost host: all mean no text came back
         return SmokeResult(False, smoke.endpoint, "", None, 0.0, f"no answer: {type(exc).__name__}: {exc}")
     if got.status != 200:
