@@ -213,7 +213,8 @@ def test_a_roll_that_meets_a_lost_lock_fails_that_host_and_the_deploy_goes_on_to
     session = deployment.HostSession(host, _Remote(host), systemd.SYSTEMD, units,  # type: ignore[arg-type]
                                      files={u.name: {u.unit_path: (b"new", 0o644)} for u in units},
                                      facts={"files": {}}, states=states, healthy={u.name: True for u in units})
-    monkeypatch.setattr(rolling, "room", lambda plan, unit, views: (unit, ""))
+    monkeypatch.setattr(rolling, "room", lambda plan, unit, views, mine: (unit, ""))
+    monkeypatch.setattr(deployment.pair_roll, "crossings", lambda units, changed, states: [])
 
     def roll(*a: Any, **kw: Any) -> Any:  # its first step there found the lock lost
         raise LockLost("lab1", "its holder on the host exited")
@@ -221,7 +222,8 @@ def test_a_roll_that_meets_a_lost_lock_fails_that_host_and_the_deploy_goes_on_to
     monkeypatch.setattr(rolling, "roll", roll)
     sessions_ = {"lab1": session}
     result = deployment.DeployResult({}, {"lab": deployment.DeploymentOutcome("lab")})
-    done = deployment._roll_serving(plan, sessions_, units, {}, None, d.Options(), Cancel(), result, {})  # type: ignore[arg-type]
+    done = deployment._roll_serving(plan, sessions_, units, {}, None, d.Options(), Cancel(), result, {},  # type: ignore[arg-type]
+                                    set())
     assert done == {"lab"} and sessions_ == {}  # dealt with here; the host is out of the run
     text, ok = deploy_summary(result)
     assert not ok and "lab1: FAILED: lab1: lost the host lock (its holder on the host exited)" in text
