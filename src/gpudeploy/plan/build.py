@@ -10,6 +10,7 @@ import jinja2
 from ..errors import InputError, Problem
 from ..inventory import load_inventory
 from ..model import Group, Host, Inventory, Plan, Role, Unit
+from ..yamlsrc import did_you_mean
 from .flags import check_args, engine_version, flags_release, settings_args
 from .group import plan_groups, with_groups
 from .pd import pd_problems
@@ -279,11 +280,16 @@ def _router_argv(inv: Inventory, deployment: str, host: Host, role: Role, versio
                      and p.role in all_ports[h.name]
                      # a group serves on its leader only; the other ranks have no API
                      and _leads(groups.get((deployment, p.role, h.name)))]
-            if not found:
+            placed = {name for h in inv.hosts.values() for p in h.placements
+                      if (p.deployment or h.deployment) == deployment for name in (p.role, p.file_role)}
+            if not found and upstream not in placed:
+                hint = did_you_mean(upstream, placed & set(inv.roles))  # never a name that is itself unknown
                 problems.append(Problem(f"upstream role {upstream!r} is not placed on any host of deployment "
-                                        f"{deployment!r}",
-                                        file=role.file, line=role.lines.get("upstreams"), host=host.name,
-                                        role=role.name, key=f"upstreams.{kind}"))
+                                        f"{deployment!r}" + (f"; {hint}" if hint else ""),
+                                        file=role.file, line=role.lines.get(f"upstreams.{kind}",
+                                                                            role.lines.get("upstreams")),
+                                        host=host.name, role=role.name, key=f"upstreams.{kind}"))
+            # placed but not found: its role file did not load, and says why itself
             for up_host, up_ports in found:
                 url = f"http://{up_host.address}:{up_ports['http']}"
                 if kind == "prefill":
