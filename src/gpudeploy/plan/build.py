@@ -110,9 +110,11 @@ def build_plan(inv: Inventory, *, host: str | None = None, role: str | None = No
             if unit is not None and unit.engine_version and memory:
                 from .memcheck import unit_memory  # the memory model is only loaded when asked for
 
+                before = len(problems)
                 unit = replace(unit, memory=unit_memory(h, r, unit.gpus, unit.engine_version, store, problems,
                                                         want_suggestions=suggest,
                                                         flags_release=unit.flags_release or None))
+                problems[before:] = [located(p, h, r) for p in problems[before:]]
             if unit is not None:
                 units.append(unit)
     problems += pd_problems(units)
@@ -129,6 +131,18 @@ def build_plan(inv: Inventory, *, host: str | None = None, role: str | None = No
         raise InputError([Problem(f"role {role!r} is not placed on host {host!r}", file=inv.path,
                                   host=host, role=role, key="roles")])
     return Plan(inventory=inv, units=selected)
+
+
+def located(problem: Problem, host: Host, role: Role) -> Problem:
+    """A problem the memory model found in a role's settings, at the line of the key in its role file
+    (the memory model knows the file, not the lines)."""
+    if problem.line is not None or problem.file != role.file:
+        return problem
+    key = problem.key
+    if key and key not in role.lines and f"settings.{key}" in role.lines:
+        key = f"settings.{key}"
+    return replace(problem, line=role.lines.get(key or "", None), host=problem.host or host.name,
+                   role=problem.role or role.name, key=key)
 
 
 def unit_kind(role: Role) -> str:
