@@ -13,6 +13,7 @@ from ..model import Group, Host, Inventory, Plan, Role, Unit
 from ..yamlsrc import did_you_mean
 from .flags import check_args, engine_version, flags_release, settings_args
 from .group import plan_groups, with_groups
+from .modelcheck import model_problems
 from .pd import pd_problems
 from .placement import Placement, place_host, role_of
 from .ports import assign_ports, port_span, uses_mooncake
@@ -94,6 +95,8 @@ def build_plan(inv: Inventory, *, host: str | None = None, role: str | None = No
         ports[h.name] = assign_ports(h, inv.roles, problems)
 
     groups = plan_groups(inv, ports, problems)
+    for placed in inv.roles.values():
+        problems += model_problems(placed, memory=memory)
     renderer = Renderer(inv.templates_dir)
     units: list[Unit] = []
     for h in inv.hosts.values():
