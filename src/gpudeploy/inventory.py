@@ -15,7 +15,10 @@ Inventory shape (see ``inventory/hosts.yml`` for a commented example)::
         roles: [{role: decode, name: decode-a, gpus: [0, 1, 2, 3]},     # one role file, two instances
                 {role: decode, name: decode-b, gpus: [4, 5, 6, 7], port: 30050}]
 
-A role is read from ``roles_dir`` when that has the file, else from the package (library.py).
+A role is read from ``roles_dir`` when that has the file, else from the package (library.py). A
+``roles/`` beside an inventory that names no ``roles_dir`` is not read, so a placed role with a file
+there is a problem that says how to read it. The inventory given as a folder is its ``hosts.yml``; a
+host's name may be its FQDN.
 
 Anything under ``defaults`` may be given per host too; the host's value wins. ``kubernetes:``
 (defaults, a host, a role) and ``numa_nodes[].memory_gib`` are read only by
@@ -52,11 +55,12 @@ from .model import (
     SshHop,
     Where,
 )
-from .yamlsrc import Checker, LineMap, load_yaml
+from .yamlsrc import Checker, LineList, LineMap, did_you_mean, load_yaml
 
 HOST_KEYS = {"address", "ssh", "numa_nodes", "gpu_memory_gib", "engine_versions", "python", "deployment",
              "supervisor", "connection", "kubernetes",
              "bind_address", "numa_policy", "env", "roles"}
+NUMA_KEYS = {"id", "gpus", "cpus", "memory_gib"}
 NUMA_POLICIES = ("bind", "preferred", "interleave", "none")
 SUPERVISORS = ("auto", "systemd", "process")
 CONNECTIONS = ("ssh", "local")
@@ -64,9 +68,17 @@ DEFAULT_KEYS = HOST_KEYS - {"address", "numa_nodes", "roles", "deployment"}
 ROLE_KEYS = {"engine", "description", "tp_size", "nnodes", "gpus", "allow_span_numa", "version", "model",
              "settings", "extra_args", "argv", "ports", "upstreams", "env", "secret_env", "health",
              "stop_timeout_s", "log_format", "python", "smoke", "kubernetes"}
+INVENTORY_FILE = "hosts.yml"  # what a folder given as the inventory holds
+UPSTREAM_KINDS = ("prefill", "decode", "workers")
+SGLANG_MODEL_KEYS = {"path", "facts"}  # the folder (or hub id) SGLang loads, the memory check's facts
 # Matched with fullmatch: ``$`` would also accept a name that ends in a newline.
 NAME_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,40}")
 NAME_RULE = "use lowercase letters, digits, - or _ (at most 41, starting with a letter or digit)"
+# A host's name may be its FQDN (node171.example.org): it is only ever a key, a label in messages and
+# a comment in rendered files, never part of a unit, file or Kubernetes name, so its dots are safe.
+HOST_NAME_RE = re.compile(r"(?=.{1,253}$)[a-z0-9][a-z0-9_-]{0,62}(\.[a-z0-9][a-z0-9_-]{0,62})*")
+HOST_NAME_RULE = ("use lowercase letters, digits, - or _, in parts separated by dots (a short name or an FQDN "
+                  "such as node171.example.org), each part starting with a letter or digit")
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 CPU_LIST_RE = re.compile(r"\d+(-\d+)?(,\d+(-\d+)?)*")
 RESERVED_ENV = {"CUDA_VISIBLE_DEVICES": "the GPUs of the placement (roles: [{role: R, gpus: [...]}])",
@@ -81,7 +93,7 @@ def load_inventory(path: str | Path, problems: list[Problem] | None = None) -> I
     Without ``problems`` any problem raises InputError. With a list, problems are appended and the
     usable part is returned, so the planner can add its own findings and report everything at once.
     """
-    path = Path(path)
+    path = Path(inventory_file(path))
     collect = problems is not None
     problems = problems if problems is not None else []
     before = len(problems)
@@ -106,7 +118,8 @@ def load_inventory(path: str | Path, problems: list[Problem] | None = None) -> I
             hosts[host.name] = host
 
     hosts = _resolve_jumps(hosts)
-    roles = _placed_roles(hosts, roles_dir, problems, str(path))
+    ignored = _roles_beside(path, roles_dir) if "roles_dir" not in top.data else None
+    roles = _placed_roles(hosts, roles_dir, problems, str(path), ignored)
     # a bad value under defaults is found once per host that takes it: say it once
     problems[before:] = list(dict.fromkeys(problems[before:]))
     if problems and not collect:
@@ -116,10 +129,16 @@ def load_inventory(path: str | Path, problems: list[Problem] | None = None) -> I
                      roles_dir=str(roles_dir) if roles_dir is not None else "")
 
 
+def inventory_file(path: str | Path) -> str:
+    """The inventory file a path names: a folder (``-i inventory/``) means the ``hosts.yml`` in it."""
+    return str(Path(path) / INVENTORY_FILE) if Path(path).is_dir() else str(path)
+
+
 def own_roles_dir(path: str | Path) -> Path | None:
     """The roles_dir of the inventory at ``path`` (None: it has none; the packaged roles only); a
     problem with the file raises InputError."""
     problems: list[Problem] = []
+    path = inventory_file(path)
     data = load_yaml(Path(path), problems)
     found = _own_dir(Checker(data, problems, str(path)), "roles_dir", Path(path)) if not problems else None
     if problems:
@@ -142,8 +161,20 @@ def _own_dir(top: Checker, key: str, path: Path) -> Path | None:
     return folder
 
 
+def _roles_beside(path: Path, roles_dir: Path | None) -> Path | None:
+    """A ``roles/`` folder beside the inventory that is not the one read (roles_dir defaults to
+    ``../roles``, for an inventory kept in ``inventory/``): a user who keeps hosts.yml at the top of
+    a project beside roles/ edits files gpudeploy never reads. None when there is no such folder."""
+    beside = path.parent / "roles"
+    if not beside.is_dir() or beside.resolve() == library.PACKAGED_ROLES.resolve():
+        return None
+    if roles_dir is not None and beside.resolve() == roles_dir.resolve():
+        return None
+    return beside
+
+
 def _placed_roles(hosts: dict[str, Host], roles_dir: Path | None, problems: list[Problem],
-                  file: str) -> dict[str, Role]:
+                  file: str, ignored: Path | None = None) -> dict[str, Role]:
     """Every role placed, by the name it is placed under: a role file read once however often it is
     placed, and a named instance as that role under its own name (``roles: [{role: decode, name: decode-a}]``)."""
     files: dict[str, Role | None] = {}
@@ -153,7 +184,7 @@ def _placed_roles(hosts: dict[str, Host], roles_dir: Path | None, problems: list
         for req in h.placements:
             base = req.file_role
             if base not in files:
-                files[base] = _read_role(base, req, h.name, roles_dir, problems, file)
+                files[base] = _read_role(base, req, h.name, roles_dir, problems, file, ignored)
             role = files[base]
             if role is None:
                 continue
@@ -179,24 +210,44 @@ def _placed_roles(hosts: dict[str, Host], roles_dir: Path | None, problems: list
 
 
 def _read_role(name: str, request: PlacementRequest, host: str, roles_dir: Path | None,
-               problems: list[Problem], file: str) -> Role | None:
+               problems: list[Problem], file: str, ignored: Path | None = None) -> Role | None:
     found = library.find_role(name, roles_dir)
+    unread = ignored / f"{name}.yml" if ignored is not None else None
+    unread = unread if unread is not None and unread.is_file() else None
+
+    def fail(message: str) -> None:
+        problems.append(Problem(message, file=request.where.file if request.where else file,
+                                line=request.where.line if request.where else None, host=host, role=name,
+                                key="roles"))
+
     if found is None:
         known = [r.name for r in library.available_roles(roles_dir)]
         where = f"{roles_dir}/{name}.yml, nor a packaged role" if roles_dir else "packaged role of that name"
-        problems.append(Problem(
-            f"unknown role {name!r}: no {where} (known roles: {', '.join(known) or 'none'})",
-            file=request.where.file if request.where else file,
-            line=request.where.line if request.where else None, host=host, role=name, key="roles"))
+        hint = did_you_mean(name, known)
+        fail(f"unknown role {name!r}: no {where} (known roles: {', '.join(known) or 'none'})"
+             + (f"; {hint}" if hint else "") + (f"; {_not_read(unread, roles_dir, file)}" if unread else ""))
+        return None
+    if unread is not None:
+        # the user's own copy beside the inventory, silently replaced by another file of that name
+        read = f"the packaged {found.path}" if found.source == library.PACKAGED else str(found.path)
+        fail(f"role {name!r} is read from {read}, not from {unread}; {_not_read(unread, roles_dir, file)}")
         return None
     return load_role(found.path, problems)
+
+
+def _not_read(unread: Path, roles_dir: Path | None, inventory: str) -> str:
+    """Why a role file beside the inventory is not read, and the one line that reads it."""
+    default = os.path.normpath(Path(inventory).parent / ".." / "roles")
+    missing = "" if roles_dir is not None else ", which does not exist"
+    return (f"the roles folder beside the inventory ({unread.parent}) is not read: roles_dir defaults to ../roles "
+            f"({default}{missing}); add `roles_dir: roles` to {Path(inventory).name} to read it")
 
 
 def _host(name: str, raw: Any, defaults: Checker, problems: list[Problem], file: str,
           parent: Any, default_deployment: str, default_k8s: K8sSettings) -> Host | None:
     line = parent.line_of(name) if isinstance(parent, LineMap) else None
-    if not NAME_RE.fullmatch(name):
-        problems.append(Problem(f"host name {name!r}: {NAME_RULE}", file=file, line=line, host=name))
+    if not HOST_NAME_RE.fullmatch(name):
+        problems.append(Problem(f"host name {name!r}: {HOST_NAME_RULE}", file=file, line=line, host=name))
     c = Checker(raw, problems, file, host=name, line=line)
     c.unknown_keys(HOST_KEYS)
 
@@ -230,7 +281,13 @@ def _host(name: str, raw: Any, defaults: Checker, problems: list[Problem], file:
     nodes: list[NumaNode] = []
     seen_gpu: dict[int, int] = {}
     for i, item in enumerate(numa_raw):
-        nc = Checker(item, problems, file, host=name, prefix=f"numa_nodes[{i}].")
+        nc = Checker(item, problems, file, host=name, prefix=f"numa_nodes[{i}].",
+                     line=numa_raw.item_lines[i] if isinstance(numa_raw, LineList) else None)
+        # `node: 1` reads as "this is NUMA node 1" but was dropped, binding node 0's memory: refused,
+        # not taken as an alias of id, so an entry's number has one spelling only.
+        nc.unknown_keys(NUMA_KEYS, hints={"node": f"a NUMA node's number is `id` (without it an entry is numbered "
+                                                  f"by its place in the list: this one is node {i}); write "
+                                                  "{id: N, gpus: [...], cpus: ...}"})
         nid = nc.get("id", int, default=i)
         gpus = nc.get("gpus", list, required=True, default=[])
         cpus = nc.get("cpus", (str, int), required=True, default="")
@@ -409,8 +466,10 @@ def load_role(path: Path, problems: list[Problem]) -> Role | None:
     upstreams_raw = c.get("upstreams", dict, default={}) or {}
     upstreams: dict[str, tuple[str, ...]] = {}
     for k, v in upstreams_raw.items():
-        if k not in ("prefill", "decode", "workers"):
-            c.fail(f"unknown upstream kind {k!r} (prefill, decode or workers)", "upstreams")
+        if k not in UPSTREAM_KINDS:
+            hint = did_you_mean(str(k), UPSTREAM_KINDS)
+            c.fail(f"unknown upstream kind {k!r} (prefill, decode or workers){'; ' + hint if hint else ''}",
+                   f"upstreams.{k}", line=upstreams_raw.line_of(k) if isinstance(upstreams_raw, LineMap) else None)
             continue
         items = [v] if isinstance(v, str) else v
         if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
@@ -429,6 +488,11 @@ def load_role(path: Path, problems: list[Problem]) -> Role | None:
             c.fail(f"secret names are environment variable names, got {s!r}", "secret_env")
     settings = _settings(c)
     model = c.get("model", dict, default={}) or {}
+    if engine == "sglang":
+        # an SGLang role's model is its path and the facts the memory check reads; anything else was
+        # dropped without a word (a command role's model keys are its argv templates' to use)
+        Checker(model, problems, str(path), role=name, prefix="model.", line=c.where("model")).unknown_keys(
+            SGLANG_MODEL_KEYS, hints={"revision": "SGLang's --revision is a setting: settings: {revision: ...}"})
     if engine == "sglang" and "path" not in model:
         c.fail("required key is missing (the model directory on the host)", "model.path",
                line=c.where("model"))
@@ -458,7 +522,7 @@ def load_role(path: Path, problems: list[Problem]) -> Role | None:
     if unusable:
         return None
     lines = dict(data.key_lines) if isinstance(data, LineMap) else {}
-    for section in ("settings", "model", "ports", "env"):
+    for section in ("settings", "model", "ports", "env", "upstreams"):
         sub = data.get(section) if isinstance(data, dict) else None
         if isinstance(sub, LineMap):
             lines.update({f"{section}.{k}": v for k, v in sub.key_lines.items()})

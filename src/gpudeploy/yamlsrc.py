@@ -6,8 +6,9 @@ so mappings come back as ``LineMap`` (a dict that knows the line of each key).
 
 from __future__ import annotations
 
+import difflib
 import sys
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -85,12 +86,50 @@ def load_yaml(path: Path, problems: list[Problem]) -> Any:
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else None
-        what = " ".join(p for p in (exc.context, exc.problem) if p)
-        problems.append(Problem(f"YAML syntax error: {what}", file=str(path), line=line))
+        problems.append(Problem(syntax_message(_what(exc), text, mark), file=str(path), line=line))
         return None
     except yaml.YAMLError as exc:
         problems.append(Problem(f"YAML error: {exc}", file=str(path)))
         return None
+
+
+def _what(exc: yaml.MarkedYAMLError) -> str:
+    """PyYAML's words, with where the construct it was reading began (an unclosed ``{`` is found
+    only lines later, where the next key is)."""
+    context, begun, mark = exc.context, exc.context_mark, exc.problem_mark
+    if context and begun is not None and mark is not None and (begun.line, begun.column) != (mark.line, mark.column):
+        at = f"column {begun.column + 1}" if begun.line == mark.line else \
+            f"line {begun.line + 1}, column {begun.column + 1}"
+        context = f"{context} that began at {at}:"
+    return " ".join(p for p in (context, exc.problem) if p)
+
+
+def syntax_message(what: str, text: str, mark: Any) -> str:
+    """PyYAML's words, with the column, the line itself and a caret under the spot, and a plain
+    hint for the mistakes its words do not explain (a tab, a line indented off its block)."""
+    if mark is None:
+        return f"YAML syntax error: {what}"
+    lines = text.splitlines()
+    source = lines[mark.line] if mark.line < len(lines) else ""
+    # Tabs are shown as the spaces they look like, so the caret stays under the spot.
+    shown = source.expandtabs(8).rstrip()
+    start = len(source[:mark.column].expandtabs(8))
+    width = len(source[:mark.column + 1].expandtabs(8)) - start  # a tab's caret spans the tab
+    caret = " " * start + "^" * max(1, width)
+    out = f"YAML syntax error: {what} (column {mark.column + 1})\n      {shown}\n      {caret}"
+    hint = _syntax_hint(what, source)
+    return out + (f"\n    hint: {hint}" if hint else "")
+
+
+def _syntax_hint(what: str, source: str) -> str | None:
+    if "'\\t'" in what or "\t" in source[:len(source) - len(source.lstrip())]:
+        return "tabs are not allowed for indentation in YAML; indent with spaces"
+    if "expected <block end>" in what:
+        return ("this line is indented differently from the keys above it: keys of one mapping start in "
+                "the same column, and a nested mapping goes further right")
+    if "mapping values are not allowed here" in what:
+        return "a value holds ': ' (quote it), or a nested mapping does not start on a line of its own"
+    return None
 
 
 class Checker:
@@ -128,10 +167,14 @@ class Checker:
         return Checker(value, self.problems, self.file, host=self.host, role=self.role,
                        prefix=f"{self.prefix}{key}.")
 
-    def unknown_keys(self, allowed: set[str]) -> None:
+    def unknown_keys(self, allowed: set[str], hints: dict[str, str] | None = None) -> None:
+        """Every key not in ``allowed`` is a problem, with the allowed key it most looks like; ``hints``
+        says more for keys a user is known to write (``node`` for a NUMA node's ``id``)."""
         for key in self.data:
             if key not in allowed:
-                self.fail(f"unknown key (allowed: {', '.join(sorted(allowed))})", str(key))
+                hint = (hints or {}).get(str(key)) or did_you_mean(str(key), allowed)
+                self.fail(f"unknown key (allowed: {', '.join(sorted(allowed))})" + (f"; {hint}" if hint else ""),
+                          str(key))
 
     def get(self, key: str, kind: type[T] | tuple[type, ...], *, required: bool = False,
             default: Any = None, check: Callable[[Any], str | None] | None = None) -> Any:
@@ -161,6 +204,17 @@ class Checker:
 
 
 _FLOAT_MAX = sys.float_info.max
+
+
+def did_you_mean(word: str, known: Iterable[str]) -> str | None:
+    """``did you mean 'address'?`` for the known word closest to a misspelt one (None: none is close)."""
+    words = sorted(known)
+    # a word cut short (``numa`` for ``numa_node``) is as likely as a typo
+    close = difflib.get_close_matches(word, words, n=1, cutoff=0.75) or \
+        [k for k in words if len(word) >= 3 and k.startswith(word)][:1]
+    return f"did you mean {close[0]!r}?" if close else None
+
+
 _KIND_NAMES = {dict: "a mapping", list: "a list", str: "a string", int: "an integer",
                float: "a number", bool: "true/false"}
 

@@ -30,6 +30,7 @@ def inventory_path(value: str | None, *, must_exist: bool = True) -> str:
     """The inventory a task reads: ``--inventory``, else ``$GPUDEPLOY_INVENTORY``, else
     ``inventory/hosts.yml`` in the current folder. A missing file says how to make one."""
     path = value or os.environ.get(INVENTORY_ENV) or DEFAULT_INVENTORY
+    path = str(Path(path) / "hosts.yml") if Path(path).is_dir() else path  # a folder: its hosts.yml (inventory_file)
     if must_exist and not Path(path).is_file():
         source = "--inventory" if value else f"${INVENTORY_ENV}" if os.environ.get(INVENTORY_ENV) else "the default"
         raise Exit(f"gpudeploy: no inventory at {path} ({source}); `gpudeploy init --host ADDRESS` writes one from "

@@ -29,6 +29,15 @@ _ALIASES = {
 }
 
 
+def quoted_number(key: str, value: str) -> str:
+    """A number written in quotes is a string in YAML: say so, and how to write it."""
+    try:
+        float(value)
+    except ValueError:
+        return f"{key} must be a number, got the string {value!r}"
+    return f"{key} is the string {value!r} (quoted in the YAML), not a number: write it without quotes, {key}: {value}"
+
+
 @dataclass(frozen=True)
 class EngineSettings:
     """Engine settings that shape memory, by canonical (release-neutral) name."""
@@ -88,10 +97,14 @@ class EngineSettings:
             if v is None or (key == "chunked_prefill_size" and v == -1):
                 continue
             low = 0 if key in ("cuda_graph_max_bs", "chunked_prefill_size") else 1
-            if isinstance(v, bool) or not isinstance(v, int) or v < low:
+            if isinstance(v, str):
+                bad(key, quoted_number(key, v))
+            elif isinstance(v, bool) or not isinstance(v, int) or v < low:
                 bad(key, f"{key} must be a positive whole number, got {v!r}")
         f = vals.get("mem_fraction_static")
-        if f is not None and (isinstance(f, bool) or not isinstance(f, int | float) or not 0 < f < 1):
+        if isinstance(f, str):
+            bad("mem_fraction_static", quoted_number("mem_fraction_static", f))
+        elif f is not None and (isinstance(f, bool) or not isinstance(f, int | float) or not 0 < f < 1):
             bad("mem_fraction_static", f"mem_fraction_static must be between 0 and 1, got {f!r}")
         algo = vals.get("speculative_algorithm")
         if algo is not None:

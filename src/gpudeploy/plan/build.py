@@ -10,8 +10,10 @@ import jinja2
 from ..errors import InputError, Problem
 from ..inventory import load_inventory
 from ..model import Group, Host, Inventory, Plan, Role, Unit
+from ..yamlsrc import did_you_mean
 from .flags import check_args, engine_version, flags_release, settings_args
 from .group import plan_groups, with_groups
+from .modelcheck import model_problems
 from .pd import pd_problems
 from .placement import Placement, place_host, role_of
 from .ports import assign_ports, port_span, uses_mooncake
@@ -93,6 +95,8 @@ def build_plan(inv: Inventory, *, host: str | None = None, role: str | None = No
         ports[h.name] = assign_ports(h, inv.roles, problems)
 
     groups = plan_groups(inv, ports, problems)
+    for placed in inv.roles.values():
+        problems += model_problems(placed, memory=memory)
     renderer = Renderer(inv.templates_dir)
     units: list[Unit] = []
     for h in inv.hosts.values():
@@ -109,9 +113,11 @@ def build_plan(inv: Inventory, *, host: str | None = None, role: str | None = No
             if unit is not None and unit.engine_version and memory:
                 from .memcheck import unit_memory  # the memory model is only loaded when asked for
 
+                before = len(problems)
                 unit = replace(unit, memory=unit_memory(h, r, unit.gpus, unit.engine_version, store, problems,
                                                         want_suggestions=suggest,
                                                         flags_release=unit.flags_release or None))
+                problems[before:] = [located(p, h, r) for p in problems[before:]]
             if unit is not None:
                 units.append(unit)
     problems += pd_problems(units)
@@ -128,6 +134,18 @@ def build_plan(inv: Inventory, *, host: str | None = None, role: str | None = No
         raise InputError([Problem(f"role {role!r} is not placed on host {host!r}", file=inv.path,
                                   host=host, role=role, key="roles")])
     return Plan(inventory=inv, units=selected)
+
+
+def located(problem: Problem, host: Host, role: Role) -> Problem:
+    """A problem the memory model found in a role's settings, at the line of the key in its role file
+    (the memory model knows the file, not the lines)."""
+    if problem.line is not None or problem.file != role.file:
+        return problem
+    key = problem.key
+    if key and key not in role.lines and f"settings.{key}" in role.lines:
+        key = f"settings.{key}"
+    return replace(problem, line=role.lines.get(key or "", None), host=problem.host or host.name,
+                   role=problem.role or role.name, key=key)
 
 
 def unit_kind(role: Role) -> str:
@@ -279,11 +297,16 @@ def _router_argv(inv: Inventory, deployment: str, host: Host, role: Role, versio
                      and p.role in all_ports[h.name]
                      # a group serves on its leader only; the other ranks have no API
                      and _leads(groups.get((deployment, p.role, h.name)))]
-            if not found:
+            placed = {name for h in inv.hosts.values() for p in h.placements
+                      if (p.deployment or h.deployment) == deployment for name in (p.role, p.file_role)}
+            if not found and upstream not in placed:
+                hint = did_you_mean(upstream, placed & set(inv.roles))  # never a name that is itself unknown
                 problems.append(Problem(f"upstream role {upstream!r} is not placed on any host of deployment "
-                                        f"{deployment!r}",
-                                        file=role.file, line=role.lines.get("upstreams"), host=host.name,
-                                        role=role.name, key=f"upstreams.{kind}"))
+                                        f"{deployment!r}" + (f"; {hint}" if hint else ""),
+                                        file=role.file, line=role.lines.get(f"upstreams.{kind}",
+                                                                            role.lines.get("upstreams")),
+                                        host=host.name, role=role.name, key=f"upstreams.{kind}"))
+            # placed but not found: its role file did not load, and says why itself
             for up_host, up_ports in found:
                 url = f"http://{up_host.address}:{up_ports['http']}"
                 if kind == "prefill":

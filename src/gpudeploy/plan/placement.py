@@ -73,7 +73,8 @@ def _place_one(host: Host, role: Role, req: PlacementRequest, free: dict[int, li
             fail(f"GPUs {taken} are already given to role {owner[taken[0]]!r}", "gpus")
             return None
         if len(req.gpus) != need:
-            fail(f"role needs {need} GPUs, {len(req.gpus)} listed", "gpus")
+            fail(f"role needs {need} GPUs ({_need_source(role)}), {len(req.gpus)} listed in gpus; list {need} "
+                 f"GPUs here, or change the role's {'gpus' if role.gpus is not None else 'tp_size'}", "gpus")
             return None
         nodes = {host.numa_of(g) for g in req.gpus}
         if len(nodes) > 1 and not role.allow_span_numa:
@@ -111,3 +112,14 @@ def _placement(host: Host, gpus: tuple[int, ...]) -> Placement:
         return Placement(gpus=gpus, numa_node=nodes[0], cpus=cpus or None)
     cpus = ",".join(n.cpus for n in host.numa_nodes if n.id in nodes and n.cpus)
     return Placement(gpus=gpus, numa_node=None, cpus=cpus or None)
+
+
+def _need_source(role: Role) -> str:
+    """Where a role's GPU count comes from, with the file and line to change it."""
+    key = "gpus" if role.gpus is not None else "tp_size"
+    line = role.lines.get(key)
+    at = f"{role.file}:{line}" if line else role.file
+    if key == "gpus":
+        return f"gpus: {role.gpus} at {at}"
+    spread = f" over nnodes {role.nnodes}" if role.nnodes > 1 else ""
+    return f"tp_size: {role.tp_size}{spread} at {at}"

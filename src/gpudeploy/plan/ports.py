@@ -69,11 +69,17 @@ def assign_ports(host: Host, roles: dict[str, Role], problems: list[Problem]) ->
     return out
 
 
-def _where(role: Role, req: PlacementRequest | None, kind: str) -> tuple[str, int | None]:
-    """A port the placement gave is the inventory's line; else the role file's ``ports:`` line."""
+def _where(role: Role, req: PlacementRequest | None, kind: str) -> tuple[str, int | None, int]:
+    """Where a port was decided, and how surely by the user: 2, the placement's ``port:``/``ports:``
+    (the inventory's line); 1, the role file's ``ports:``; 0, gpudeploy's scheme (then the placement
+    made it: the inventory's line of the placement, which a role file without ``ports:`` lacks)."""
     if req is not None and kind in req.ports and req.where is not None:
-        return req.where.file, req.where.line
-    return role.file, role.lines.get("ports")
+        return req.where.file, req.where.line, 2
+    if kind in role.ports:
+        return role.file, role.lines.get(f"ports.{kind}", role.lines.get("ports")), 1
+    if req is not None and req.where is not None:
+        return req.where.file, req.where.line, 0
+    return role.file, None, 0
 
 
 def _check_collisions(host: Host, roles: dict[str, Role], ports: dict[str, dict[str, int]],
@@ -84,7 +90,7 @@ def _check_collisions(host: Host, roles: dict[str, Role], ports: dict[str, dict[
         role = roles[role_name]
         req = requests.get(role_name)
         for kind, first in named.items():
-            file, line = _where(role, req, kind)
+            file, line, _ = _where(role, req, kind)
             if kind == "mooncake_rpc":
                 low, high = MOONCAKE_PORT_LIMITS
                 if not low <= first <= high - MOONCAKE_RPC_PORTS + 1:
@@ -95,10 +101,21 @@ def _check_collisions(host: Host, roles: dict[str, Role], ports: dict[str, dict[
             for port in range(first, first + port_span(kind)):
                 if port in seen:
                     other_role, other_kind = seen[port]
-                    problems.append(Problem(
-                        f"port {port} ({kind}) is also the {other_kind} port of role {other_role!r} on this "
-                        "host; give one of them another port (ports: in its role, or port:/ports: where it "
-                        "is placed)", file=file, line=line, host=host.name, role=role_name,
-                        key=f"ports.{kind}"))
+                    problems.append(_collision(host, port, (role_name, kind), (other_role, other_kind),
+                                               roles, requests))
                     break
                 seen[port] = (role_name, kind)
+
+
+def _collision(host: Host, port: int, this: tuple[str, str], other: tuple[str, str], roles: dict[str, Role],
+               requests: dict[str, PlacementRequest]) -> Problem:
+    """Two units on one port, blamed on the one the user set (the inventory's ``port: 8000`` over the
+    scheme's router port), at the line where it was set."""
+    sides = [(name, kind, *_where(roles[name], requests.get(name), kind)) for name, kind in (this, other)]
+    blamed, unblamed = sides if sides[0][4] >= sides[1][4] else sides[::-1]
+    name, kind, file, line, _ = blamed
+    other_name, other_kind, other_file, other_line, how = unblamed
+    by = "by default" if how == 0 else f"set at {other_file}:{other_line}" if other_line else f"set in {other_file}"
+    return Problem(f"port {port} ({kind}) is also the {other_kind} port of role {other_name!r} on this host "
+                   f"({by}); give one of them another port (ports: in its role, or port:/ports: where it is placed)",
+                   file=file, line=line, host=host.name, role=name, key=f"ports.{kind}")
