@@ -6,6 +6,9 @@
 
 from __future__ import annotations
 
+import sys
+from typing import Any
+
 from invoke.program import Program
 
 from .. import __version__
@@ -17,5 +20,14 @@ def program() -> Program:
     return Program(namespace=collection(), name="gpudeploy", binary="gpudeploy", version=__version__)
 
 
-def main() -> None:
-    program().run()
+def main(argv: Any = None) -> None:
+    from .args import BROKEN_PIPE, quiet_stdout
+
+    try:
+        try:
+            program().run(argv)
+        finally:
+            sys.stdout.flush()  # `gpudeploy --help | head` too: the tasks answer their own (args.user_errors)
+    except BrokenPipeError:
+        quiet_stdout()
+        sys.exit(BROKEN_PIPE)

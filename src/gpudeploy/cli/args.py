@@ -23,6 +23,7 @@ INVENTORY_HELP = f"inventory file (default: ${INVENTORY_ENV}, else {DEFAULT_INVE
 SELECT = {"inventory": INVENTORY_HELP, "host": "only this host",
           "role": "only this role (a role file's name also selects its named instances)"}
 FORKS_HELP = "hosts at once (default: min(20 x CPUs, hosts, (open files - 10) / 3), as pyinfra)"
+BROKEN_PIPE = 141  # 128 + SIGPIPE, what `yes | head` leaves: the reader went away (plan --json | head)
 
 
 def inventory_path(value: str | None, *, must_exist: bool = True) -> str:
@@ -70,7 +71,8 @@ def seconds(value: str | None, flag: str) -> float | None:
 
 
 def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn gpudeploy's own errors into a message and exit status 1, never a traceback."""
+    """Turn gpudeploy's own errors into a message and exit status 1, never a traceback; and a reader
+    that went away (``plan --json | head``) into a quiet exit 141."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -80,7 +82,13 @@ def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         _freeze_at_exit()
         interrupt.install()  # Ctrl-C always ends the command within interrupt.GRACE_S
         try:
-            return fn(*args, **kwargs)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                sys.stdout.flush()  # here, where a closed pipe can still be answered
+        except BrokenPipeError:
+            quiet_stdout()
+            raise Exit(code=BROKEN_PIPE) from None
         except GpudeployError as exc:
             raise Exit(f"gpudeploy: {exc}", code=1) from None
         except KeyboardInterrupt:
@@ -88,6 +96,14 @@ def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             interrupt.leave(130)  # never waits for worker threads still on a host
 
     return wrapper
+
+
+def quiet_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's last flush of what is still buffered
+    does not fail again on the closed pipe (the recipe of Python's signal documentation)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 _frozen_at_exit = False
