@@ -18,6 +18,7 @@ part of the installed package).
 
 Every task but the lab's takes ``--inventory PATH`` (default ``$GPUDEPLOY_INVENTORY``, else
 ``inventory/hosts.yml``) and turns gpudeploy's errors into a message and exit 1, Ctrl-C into exit 130.
+invoke's own ``--dry`` does not apply to them (they run nothing through invoke's shell) and is refused.
 """
 
 from __future__ import annotations
