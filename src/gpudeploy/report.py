@@ -12,11 +12,15 @@ from .plan.process_spec import numa_binding
 
 
 def plan_json(plan: Plan) -> dict[str, Any]:
-    """The documented ``invoke plan --json`` shape (see README, "plan --json")."""
+    """The documented ``invoke plan --json`` shape (see README, "plan --json"), with the recap:
+    per unit what deploy would do (``verdict``), and whether it would refuse any."""
+    verdicts = unit_verdicts(plan)
     return {
         "inventory": plan.inventory.path,
         "deployment": plan.inventory.deployment,
-        "units": [unit_json(u) for u in plan.units],
+        "units": [{**unit_json(u), "verdict": {k: v[k] for k in ("verdict", "reasons", "fix")}}
+                  for u, v in zip(plan.units, verdicts, strict=True)],
+        "deploy_would_refuse": any(v["verdict"] == "refuse" for v in verdicts),
     }
 
 
@@ -63,7 +67,9 @@ def flags_json(u: Unit) -> dict[str, Any] | None:
             "learned_from": teacher[0] if teacher else None, "learned_at": teacher[1] if teacher else None}
 
 
-def plan_text(plan: Plan, *, show_files: bool = True) -> str:
+def plan_text(plan: Plan, *, show_files: bool = False) -> str:
+    """Per unit what would run where, then the recap (:func:`plan_recap`); the unit and env files'
+    text only with ``show_files`` (``plan --files``): it was two thirds of the output."""
     if not plan.units:
         return "nothing to run for this selection\n"
     from .plan.memcheck import own_roles_folder, unit_memory_verdict
@@ -104,8 +110,49 @@ def plan_text(plan: Plan, *, show_files: bool = True) -> str:
             for path, text in u.files.items():
                 out.append(f"   --- {path}")
                 out.extend("   | " + line for line in text.rstrip("\n").splitlines())
+        else:
+            out.append(f"   files    {', '.join(u.files)} (their text: plan --files)")
         out.append("")
+    out.append(plan_recap(plan)[0])
     return "\n".join(out)
+
+
+def unit_verdicts(plan: Plan) -> list[dict[str, Any]]:
+    """Per unit what deploy would do with it: ``ok``, ``warn`` (it says so and goes ahead) or
+    ``refuse`` (it stops before touching any host, unless --force), why, and the fix."""
+    from .plan.memcheck import own_roles_folder, unit_memory_verdict
+
+    folder = own_roles_folder(plan.inventory)
+    out = []
+    for u in plan.units:
+        v = unit_memory_verdict(u, folder)
+        reasons = [x for x in (v.said, *(f"memory preflight: {n}" for n in v.notes)) if x]
+        if u.flags_release:
+            reasons.append(f"flags of {u.flags_release} until deploy reads {u.engine_version}'s own --help on "
+                           f"{u.host.name}")
+        out.append({"unit": u.key, "verdict": v.severity, "reasons": reasons, "fix": v.fix})
+    return out
+
+
+def plan_recap(plan: Plan) -> tuple[str, bool]:
+    """The last lines of ``plan``: one per unit (ok / warn / refuse, why, the fix), then whether
+    deploy would go ahead; and whether it would refuse (``plan`` then exits 2)."""
+    verdicts = unit_verdicts(plan)
+    width = max((len(v["unit"]) for v in verdicts), default=0)
+    lines = ["recap (what deploy would do):"]
+    for v in verdicts:
+        lines.append(f"  {v['unit']:<{width}}  {v['verdict'].upper():<6}  " + ("; ".join(v["reasons"]) or "-"))
+        if v["fix"]:
+            lines.append(f"  {'':<{width}}          {'fix' if v['verdict'] == 'refuse' else 'safer'}: {v['fix']}")
+    refused = [v["unit"] for v in verdicts if v["verdict"] == "refuse"]
+    warned = sum(1 for v in verdicts if v["verdict"] == "warn")
+    if refused:
+        lines.append(f"deploy would REFUSE {', '.join(refused)} (deploy --force overrides the memory preflight); "
+                     "plan exits 2")
+    else:
+        lines.append(f"deploy would go ahead with {len(verdicts)} unit(s)"
+                     + (f", warning about {warned}" if warned else ""))
+    return "\n".join(lines) + "\n", bool(refused)
 
 
 def memory_line(mem: dict[str, Any], fix: str = "") -> str:

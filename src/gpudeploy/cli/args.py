@@ -23,6 +23,7 @@ INVENTORY_HELP = f"inventory file, e.g. -i site/hosts.yml (default: ${INVENTORY_
 SELECT = {"inventory": INVENTORY_HELP, "host": "only this host (its name in the inventory), e.g. -H node171",
           "role": "only this role, e.g. -r decode (a role file's name also selects its named instances)"}
 FORKS_HELP = "hosts at once, e.g. -f 10 (default: min(20 x CPUs, hosts, (open files - 10) / 3), as pyinfra)"
+REFUSES = 2  # the exit status of plan and render when deploy would refuse a unit (1: the input has problems)
 BROKEN_PIPE = 141  # 128 + SIGPIPE, what `yes | head` leaves: the reader went away (plan --json | head)
 
 

@@ -3,7 +3,7 @@ folder) and ``invoke`` in gpudeploy's own repository (tasks.py adds the lab's ta
 
     gpudeploy init       --host ADDR [--host ADDR ...] [--out inventory/hosts.yml] [--force]
     gpudeploy roles      [--inventory F]
-    gpudeploy plan       [--host H] [--role R] [--json] [--suggest]
+    gpudeploy plan       [--host H] [--role R] [--json] [--suggest] [--files]
     gpudeploy deploy     [--host H] [--role R] [--deployment D] [--check] [--force] [--timeout S] ...
                          [--rolling | --no-rolling] [--allow-downtime]
     gpudeploy status     [--host H] [--role R] [--deployment D] [--json] [--watch]
@@ -35,6 +35,7 @@ from invoke.exceptions import Exit
 from .. import interrupt
 from .args import (
     FORKS_HELP,
+    REFUSES,
     SELECT,
     calibration,
     inventory_path,
@@ -99,24 +100,35 @@ def plan_learning_flags(inventory: str, read: tuple[Any, list[Any]] | None = Non
 
 
 
-@command(help={**SELECT, "json": "one JSON document on stdout",
-               "suggest": "also list memory settings that fit, with the KV tokens each leaves"})
+@command(help={**SELECT, "json": "one JSON document on stdout (every unit with its files and verdict)",
+               "suggest": "also list memory settings that fit, with the KV tokens each leaves",
+               "files": "also show the text of each unit's files (systemd unit, environment file); "
+                        "`deploy --check` shows how they differ from the hosts'"})
 @user_errors
 def plan(c: Context, inventory: str | None = None, host: str | None = None, role: str | None = None,
-         json_: bool = False, suggest: bool = False) -> None:
-    """Show what would run where (GPUs, NUMA, ports, command, env, files, memory) without touching anything."""
+         json_: bool = False, suggest: bool = False, files: bool = False) -> None:
+    """Show what would run where (GPUs, NUMA, ports, command, env, memory) without touching anything.
+
+    It ends with a recap: per unit ok, warn (deploy says so and goes ahead) or refuse, why, and the fix.
+    Exit status: 0 deploy would go ahead, 1 the input has problems, 2 deploy would refuse a unit.
+    """
     inventory = inventory_path(inventory)
     from ..plan import load_plan
-    from ..report import plan_json, plan_text
+    from ..report import plan_json, plan_recap, plan_text
 
     # a release gpudeploy has not captured plans with the nearest captured one's flags, marked so;
     # deploy reads the host's own --help before it renders anything
     p = load_plan(inventory, host=host, role=role, store=calibration(), suggest=suggest, offline_flags=True)
     if json_:
-        json.dump(plan_json(p), sys.stdout, indent=2)
+        doc = plan_json(p)  # its documented shape: the files' text included, --files or not
+        json.dump(doc, sys.stdout, indent=2)
         sys.stdout.write("\n")
+        refused = bool(doc["deploy_would_refuse"])
     else:
-        sys.stdout.write(plan_text(p))
+        sys.stdout.write(plan_text(p, show_files=files))
+        refused = plan_recap(p)[1]
+    if refused:
+        raise Exit(code=REFUSES)
 
 
 @command(help={**SELECT, "deployment": "only this deployment (all its hosts), e.g. -d pd",
@@ -378,7 +390,11 @@ def facts(c: Context, inventory: str | None = None, host: str | None = None, jso
 def render(c: Context, target: str | None = None, inventory: str | None = None, deployment: str | None = None,
            out: str | None = None, image: str | None = None, router_image: str | None = None,
            model_pvc: str | None = None) -> None:
-    """The inventory as Kubernetes manifests, validated offline; nothing is written unless all of them pass."""
+    """The inventory as Kubernetes manifests, validated offline; nothing is written unless all of them pass.
+
+    Kubernetes checks no GPU memory: the memory preflight's verdicts end the output (on stderr), and a
+    unit deploy would refuse makes the exit status 2 (1: the input has problems).
+    """
     if target is None:
         raise Exit("gpudeploy: render needs --target k8s (the one target so far)", code=1)
     if target != "k8s":
@@ -389,16 +405,22 @@ def render(c: Context, target: str | None = None, inventory: str | None = None, 
     from ..k8s import Options
     from ..k8s import render as render_k8s
     from ..k8s.write import summary, write_files
+    from ..report import plan_recap
 
     r = render_k8s(inventory, Options(image=image, router_image=router_image, model_pvc=model_pvc),
-                   deployment=deployment)
+                   deployment=deployment, memory=True, store=calibration())
     if not r.manifests:
         raise Exit(f"gpudeploy: nothing is placed in {inventory}; nothing was written", code=1)
     if out is None:
         sys.stdout.write("".join(r.streams.values()))
-        return
-    write_files(Path(out), r.files())
-    sys.stdout.write(summary(Path(out), r.manifests, r.notes))
+    else:
+        write_files(Path(out), r.files())
+        sys.stdout.write(summary(Path(out), r.manifests, r.notes))
+    text, refused = plan_recap(r.plan)
+    sys.stdout.flush()
+    sys.stderr.write(text)
+    if refused:
+        raise Exit(code=REFUSES)
 
 
 @command(name="run", default=True,
