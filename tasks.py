@@ -3,6 +3,7 @@
 part of the installed package).
 
     invoke init       --host ADDR [--host ADDR ...] [--out inventory/hosts.yml] [--force]
+    invoke init       --example [--out inventory/hosts.yml] [--force]
     invoke roles      [--inventory F] [--json]
     invoke plan       [--host H] [--role R] [--json] [--suggest] [--files]
     invoke deploy     [--host H] [--role R] [--deployment D] [--check] [--force] [--timeout S] [--keep-on-failure]

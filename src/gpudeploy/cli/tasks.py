@@ -2,6 +2,7 @@
 folder) and ``invoke`` in gpudeploy's own repository (tasks.py adds the lab's tasks to it).
 
     gpudeploy init       --host ADDR [--host ADDR ...] [--out inventory/hosts.yml] [--force]
+    gpudeploy init       --example [--out inventory/hosts.yml] [--force]
     gpudeploy roles      [--inventory F]
     gpudeploy plan       [--host H] [--role R] [--json] [--suggest] [--files]
     gpudeploy deploy     [--host H] [--role R] [--deployment D] [--check] [--force] [--timeout S] ...
@@ -506,8 +507,10 @@ def roles(c: Context, inventory: str | None = None, json_: bool = False) -> None
 @command(iterable=["host"],
          help={"host": "ADDRESS or USER@ADDRESS[:PORT] of a host to describe (repeat for more hosts), "
                        "e.g. -H 10.0.0.171 -H root@10.0.0.172:2222",
+               "example": "write a commented example inventory (one 8-GPU node) and copy the packaged roles "
+                       "beside it to edit; no host is contacted",
                "out": "the inventory to write, e.g. -o site/hosts.yml (default: inventory/hosts.yml)",
-               "force": "overwrite the file if it exists (no short flag)",
+               "force": "overwrite the inventory (and with --example the role files) if they exist (no short flag)",
                "user": "ssh user (default: ~/.ssh/config's, else your login name)",
                "port": "ssh port, e.g. -p 2222 (default: ~/.ssh/config's, else 22)",
                "key": "ssh private key (default: your agent and ~/.ssh keys)",
@@ -517,14 +520,26 @@ def roles(c: Context, inventory: str | None = None, json_: bool = False) -> None
                "deployment": "the deployment's name (default: pd)",
                "forks": FORKS_HELP})
 @user_errors
-def init(c: Context, host: list[str] | None = None, out: str | None = None, force: bool = False,
-         user: str | None = None, port: int | None = None, key: str | None = None, known_hosts: str | None = None,
-         python: str | None = None, deployment: str = "pd", forks: int | None = None) -> None:
-    """Write an inventory from the hosts' own facts (GPUs, PCI, NUMA, CPUs, init system, engines) with starter roles."""
+def init(c: Context, host: list[str] | None = None, example: bool = False, out: str | None = None,
+         force: bool = False, user: str | None = None, port: int | None = None, key: str | None = None,
+         known_hosts: str | None = None, python: str | None = None, deployment: str = "pd",
+         forks: int | None = None) -> None:
+    """Write an inventory from the hosts' own facts (GPUs, PCI, NUMA, CPUs, init system, engines) with starter roles.
+
+    gpudeploy init --example writes a commented example instead, without SSH, and copies the roles to edit.
+    """
+    if example:
+        if host:
+            raise Exit("gpudeploy: init --example contacts no host: leave out --host (or --example)", code=1)
+        from ..init.example import write_example
+
+        print(write_example(out or inventory_path(None, must_exist=False), force=force))
+        return
     from ..init import InitOptions, init_inventory
 
     if not host:
-        raise Exit("gpudeploy: init needs --host ADDRESS (once per host)", code=1)
+        raise Exit("gpudeploy: init needs --host ADDRESS (once per host), or --example for an example "
+                   "inventory to edit", code=1)
     set_forks(forks)
     opts = InitOptions(addresses=tuple(host), out=out or inventory_path(None, must_exist=False), force=force,
                        user=user, port=port, key=key, known_hosts=known_hosts,
