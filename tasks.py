@@ -3,8 +3,9 @@
 part of the installed package).
 
     invoke init       --host ADDR [--host ADDR ...] [--out inventory/hosts.yml] [--force]
+    invoke init       --example [--out inventory/hosts.yml] [--force]
     invoke roles      [--inventory F] [--json]
-    invoke plan       [--host H] [--role R] [--json] [--suggest]
+    invoke plan       [--host H] [--role R] [--json] [--suggest] [--files]
     invoke deploy     [--host H] [--role R] [--deployment D] [--check] [--force] [--timeout S] [--keep-on-failure]
                       [--rolling | --no-rolling] [--allow-downtime]
     invoke status     [--host H] [--role R] [--deployment D] [--json] [--watch]
@@ -18,6 +19,7 @@ part of the installed package).
 
 Every task but the lab's takes ``--inventory PATH`` (default ``$GPUDEPLOY_INVENTORY``, else
 ``inventory/hosts.yml``) and turns gpudeploy's errors into a message and exit 1, Ctrl-C into exit 130.
+invoke's own ``--dry`` does not apply to them (they run nothing through invoke's shell) and is refused.
 """
 
 from __future__ import annotations

@@ -13,11 +13,15 @@ from .plan.process_spec import numa_binding
 
 
 def plan_json(plan: Plan) -> dict[str, Any]:
-    """The documented ``invoke plan --json`` shape (see README, "plan --json")."""
+    """The documented ``invoke plan --json`` shape (see README, "plan --json"), with the recap:
+    per unit what deploy would do (``verdict``), and whether it would refuse any."""
+    verdicts = unit_verdicts(plan)
     return {
         "inventory": plan.inventory.path,
         "deployment": plan.inventory.deployment,
-        "units": [unit_json(u) for u in plan.units],
+        "units": [{**unit_json(u), "verdict": {k: v[k] for k in ("verdict", "reasons", "fix")}}
+                  for u, v in zip(plan.units, verdicts, strict=True)],
+        "deploy_would_refuse": any(v["verdict"] == "refuse" for v in verdicts),
     }
 
 
@@ -64,9 +68,14 @@ def flags_json(u: Unit) -> dict[str, Any] | None:
             "learned_from": teacher[0] if teacher else None, "learned_at": teacher[1] if teacher else None}
 
 
-def plan_text(plan: Plan, *, show_files: bool = True) -> str:
+def plan_text(plan: Plan, *, show_files: bool = False) -> str:
+    """Per unit what would run where, then the recap (:func:`plan_recap`); the unit and env files'
+    text only with ``show_files`` (``plan --files``): it was two thirds of the output."""
     if not plan.units:
         return "nothing to run for this selection\n"
+    from .plan.memcheck import own_roles_folder, unit_memory_verdict
+
+    folder = own_roles_folder(plan.inventory)
     out: list[str] = []
     for u in plan.units:
         out.append(f"== {u.host.name} ({u.host.address}) / {u.role.name}: {u.name}")
@@ -97,36 +106,95 @@ def plan_text(plan: Plan, *, show_files: bool = True) -> str:
         env = {**u.env, **{s: SECRET_MASK for s in u.secret_names}}
         out.append("   env      " + ("  ".join(f"{k}={v}" for k, v in env.items()) or "-"))
         if u.memory:
-            out.append(memory_line(u.memory))
+            out.append(memory_line(u.memory, unit_memory_verdict(u, folder).fix))
         if show_files:
             for path, text in u.files.items():
                 out.append(f"   --- {path}")
                 out.extend("   | " + line for line in text.rstrip("\n").splitlines())
+        else:
+            out.append(f"   files    {', '.join(u.files)} (their text: plan --files)")
         out.append("")
+    out.append(plan_recap(plan)[0])
     return "\n".join(out)
 
 
-def memory_line(mem: dict[str, Any]) -> str:
-    """The per-rank budget table: what the memory preflight predicts, what it assumes, and measured where known."""
+def unit_verdicts(plan: Plan) -> list[dict[str, Any]]:
+    """Per unit what deploy would do with it: ``ok``, ``warn`` (it says so and goes ahead) or
+    ``refuse`` (it stops before touching any host, unless --force), why, and the fix."""
+    from .plan.memcheck import own_roles_folder, unit_memory_verdict
+
+    folder = own_roles_folder(plan.inventory)
+    out = []
+    for u in plan.units:
+        v = unit_memory_verdict(u, folder)
+        reasons = [x for x in (v.said, *(f"memory preflight: {n}" for n in v.notes)) if x]
+        if u.flags_release:
+            reasons.append(f"flags of {u.flags_release} until deploy reads {u.engine_version}'s own --help on "
+                           f"{u.host.name}")
+        out.append({"unit": u.key, "verdict": v.severity, "reasons": reasons, "fix": v.fix})
+    return out
+
+
+def plan_recap(plan: Plan) -> tuple[str, bool]:
+    """The last lines of ``plan``: one per unit (ok / warn / refuse, why, the fix), then whether
+    deploy would go ahead; and whether it would refuse (``plan`` then exits 2)."""
+    verdicts = unit_verdicts(plan)
+    width = max((len(v["unit"]) for v in verdicts), default=0)
+    lines = ["recap (what deploy would do):"]
+    for v in verdicts:
+        lines.append(f"  {v['unit']:<{width}}  {v['verdict'].upper():<6}  " + ("; ".join(v["reasons"]) or "-"))
+        if v["fix"]:
+            lines.append(f"  {'':<{width}}          {'fix' if v['verdict'] == 'refuse' else 'safer'}: {v['fix']}")
+    refused = [v["unit"] for v in verdicts if v["verdict"] == "refuse"]
+    warned = sum(1 for v in verdicts if v["verdict"] == "warn")
+    if refused:
+        lines.append(f"deploy would REFUSE {', '.join(refused)} (deploy --force overrides the memory preflight); "
+                     "plan exits 2")
+    else:
+        lines.append(f"deploy would go ahead with {len(verdicts)} unit(s)"
+                     + (f", warning about {warned}" if warned else ""))
+    return "\n".join(lines) + "\n", bool(refused)
+
+
+def memory_line(mem: dict[str, Any], fix: str = "") -> str:
+    """The per-rank budget table: what the memory preflight predicts, what it assumes, and measured
+    where known. A verdict that is not a plain fit says what it is about and the edit that fixes it
+    before the figures; a margin is shown only where the check reached the headroom (an empty KV pool
+    leaves a large "available" headroom that is no margin at all)."""
+    from .plan.memcheck import headroom_margin
+
     if mem.get("verdict") == "unknown":
         return f"   memory   unknown: {mem.get('reason')}"
     frac = f"{mem['fraction']:.3f}" + (" (SGLang default)" if mem.get("fraction_is_default") else "")
     severity = mem.get("severity", "ok")
     tag = {"warn": "   WARNING: inside the estimate's error, deploy goes ahead",
-           "refuse": "   deploy refuses (or --force)"}.get(severity, "")
-    rows = [
-        f"   memory   verdict {mem['verdict'].upper()}{tag}   per GPU rank, GiB:",
+           "refuse": "   deploy refuses this unit (or --force)"}.get(severity, "")
+    plain = mem["verdict"] == "fits" and severity == "ok"
+    rows = [f"   memory   verdict {mem['verdict'].upper()}{tag}" + ("   per GPU rank, GiB:" if plain else "")]
+    if not plain:
+        rows.append(f"              why: {mem['reason']}")
+        advice = "fix" if severity == "refuse" else "safer" if severity == "warn" else "recommended"
+        rows.append(f"              {advice}: {fix or mem.get('message') or 'none found'}"
+                    + (f"; needs {mem['needs_more_gpus']} GPUs" if mem.get("needs_more_gpus") and not fix else ""))
+        rows.append("              per GPU rank, GiB:")
+    rows += [
         f"              capacity {mem['capacity_gib']:.1f}   free before load {mem['preload_free_gib']:.2f}"
         f"   mem-fraction-static {frac}",
         f"              weights {mem['weights_gib']:.2f}   KV pool {mem['kv_pool_gib']:.2f}"
         f" ({mem['kv_tokens']} tokens)" + (f"   state {mem['state_gib']:.2f}" if mem.get("state_gib") else ""),
-        f"              headroom needed {mem['headroom_needed_gib']:.2f} vs available "
-        f"{mem['headroom_available_gib']:.2f}  ("
-        + ", ".join(f"{k} {v:.2f}" for k, v in mem.get("headroom_breakdown", {}).items()) + ")",
-        f"              {mem['reason']}",
     ]
-    if "margin_gib" in mem:
-        rows.append(f"              margin {mem['margin_gib']:+.2f} GiB, error band +-{mem['error_band_gib']:.2f} GiB"
+    margin = headroom_margin(mem)
+    if margin is None:
+        rows.append(f"              headroom not reached: the check stops at {mem['verdict']} (why: above)"
+                    if not plain else f"              headroom available {mem['headroom_available_gib']:.2f}")
+    else:
+        rows.append(f"              headroom needed {mem['headroom_needed_gib']:.2f} vs available "
+                    f"{mem['headroom_available_gib']:.2f}  ("
+                    + ", ".join(f"{k} {v:.2f}" for k, v in mem.get("headroom_breakdown", {}).items()) + ")")
+    if plain:
+        rows.append(f"              {mem['reason']}")
+    if margin is not None:
+        rows.append(f"              headroom margin {margin:+.2f} GiB, error band +-{mem['error_band_gib']:.2f} GiB"
                     f" (SGLang {mem.get('release_rules')} rules)")
     inputs = mem.get("inputs") or []
     guessed = [i for i in inputs if not i.get("grounded")]
@@ -143,13 +211,6 @@ def memory_line(mem: dict[str, Any]) -> str:
             rows.append(f"              measured {name}: {cmp['measured']} (predicted {cmp['predicted']})")
     if mem.get("lesson"):
         rows.append(f"              learned: {mem['lesson']}")
-    if mem["verdict"] != "fits" or severity != "ok":
-        flags = " ".join(mem.get("recommended_flags") or [])
-        drop = " ".join(mem.get("recommended_remove") or [])
-        what = " ".join(x for x in (flags, f"and drop {drop}" if drop else "") if x)
-        why = f" ({mem['message']})" if what and mem.get("message") else ""
-        rows.append(f"              recommended: {what or mem.get('message') or mem.get('recommended')}{why}"
-                    + (f"; needs {mem['needs_more_gpus']} GPUs" if mem.get("needs_more_gpus") else ""))
     for sug in mem.get("suggestions", []):
         drop = " ".join(sug.get("remove") or [])
         rows.append(f"              fits: {' '.join(sug['flags']) or '(as is)'}"

@@ -166,6 +166,10 @@ def test_dry_run_shows_every_variants_memory_verdict_and_what_it_ships(tmp_path:
     assert "memory node171/decode: FITS" in blocks["fp8"]
     assert "SKIP" in blocks["tiny-pool"] and "memory node171/decode: " in blocks["tiny-pool"]
     assert "(deploy refuses)" in blocks["tiny-pool"]
+    # its empty KV pool leaves a large "available" headroom: no margin that reads as fine (issue 45)
+    refused = next(ln for ln in blocks["tiny-pool"].splitlines() if "memory node171/decode: " in ln)
+    assert "KV-POOL-EMPTY (deploy refuses)" in refused and "margin" not in refused, refused
+    assert "headroom margin +" in next(ln for ln in blocks["fp8"].splitlines() if "memory node171/decode: " in ln)
     digest = next(b for b in exp.variants[2].shipped["decode"] if b.env == "SGLANG_MOE_CONFIG_DIR").digest
     assert ("ships tuned (2 files, " in blocks["fp4"]
             and f"to node171:{ship.SHIPPED_ROOT}/{digest}, SGLANG_MOE_CONFIG_DIR={ship.SHIPPED_ROOT}/{digest}"

@@ -31,8 +31,9 @@ def llama_role(path: str, fault: str | None = None, settings: dict[str, Any] | N
 
 def memory_of(inv: Path) -> dict[str, Any]:
     res = gd("plan", "--inventory", str(inv), "--json")
-    assert res.returncode == 0, res.stderr
-    mem: dict[str, Any] = json.loads(res.stdout)["units"][0]["memory"]
+    doc = json.loads(res.stdout)
+    assert res.returncode == (2 if doc["deploy_would_refuse"] else 0), res.stderr  # 2: deploy would refuse
+    mem: dict[str, Any] = doc["units"][0]["memory"]
     return mem
 
 

@@ -3,8 +3,10 @@ refuses only a certain failure and otherwise warns with the margin and goes ahea
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from itertools import takewhile
 from pathlib import Path
 from typing import Any
 
@@ -45,8 +47,10 @@ def memory(tmp: Path, settings: dict[str, Any], **kw: Any) -> dict[str, Any]:
 
 
 def invoke(*args: str) -> subprocess.CompletedProcess[str]:
+    # this checkout's gpudeploy (a venv's editable install may point at another checkout)
     return subprocess.run([sys.executable, "-m", "invoke", "--search-root", str(REPO), *args],
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(REPO / "src")})
 
 
 def test_llama_70b_tp4_on_h100_at_defaults_fits(tmp_path: Path) -> None:
@@ -71,7 +75,10 @@ def test_deploy_refuses_a_certain_oom_before_touching_any_host(tmp_path: Path) -
     res = invoke("deploy", "--inventory", str(make(tmp_path, {"mem_fraction_static": 0.95})), "--host", "node171")
     assert res.returncode == 1
     assert "memory preflight predicts oom-in-graph-capture" in res.stderr
-    assert "Recommended: --mem-fraction-static" in res.stderr
+    # the key to edit and the file it is in, then the flag it renders (issue 45: the flag alone sent
+    # users looking for a command line gpudeploy writes itself)
+    assert f"Fix: in {tmp_path / 'roles' / 'srv.yml'}:" in res.stderr
+    assert ": set settings.mem_fraction_static: 0.89 (the engine then gets --mem-fraction-static 0.89" in res.stderr
     assert "cannot reach" not in res.stdout + res.stderr  # refused before any connection
 
 
@@ -90,8 +97,31 @@ def test_plan_shows_the_warning_with_margin_and_band(tmp_path: Path) -> None:
     res = invoke("plan", "--inventory", str(make(tmp_path, {"mem_fraction_static": 0.92})))
     assert res.returncode == 0, res.stderr
     assert "verdict OOM-IN-GRAPH-CAPTURE   WARNING: inside the estimate's error, deploy goes ahead" in res.stdout
-    assert "margin -1.09 GiB, error band +-1.51 GiB (SGLang 0.5.23 rules)" in res.stdout
-    assert "recommended: --mem-fraction-static 0.89" in res.stdout
+    assert "headroom margin -1.09 GiB, error band +-1.51 GiB (SGLang 0.5.23 rules)" in res.stdout
+    assert f"safer: in {tmp_path / 'roles' / 'srv.yml'}:" in res.stdout
+    assert ": set settings.mem_fraction_static: 0.89 (the engine then gets --mem-fraction-static 0.89" in res.stdout
+
+
+def test_a_refused_unit_says_what_about_and_the_key_to_edit_before_any_figure(tmp_path: Path) -> None:
+    # issue 45: "recommended: --mem-fraction-static 0.94" gave a flag gpudeploy writes itself, not the
+    # role file's key; and an empty KV pool leaves all of (1 - f) x P "available" as headroom, which
+    # was shown as "margin +46.92 GiB" under the refusal
+    inv = make(tmp_path, {"mem_fraction_static": 0.30}, facts=LLAMA_70B)
+    res = invoke("plan", "--inventory", str(inv))
+    lines = res.stdout.splitlines()
+    first = next(i for i, ln in enumerate(lines) if ln.startswith("   memory   verdict"))
+    memory = [lines[first], *takewhile(lambda ln: ln.startswith(" " * 14), lines[first + 1:])]  # its block
+    assert memory[0] == "   memory   verdict KV-POOL-EMPTY   deploy refuses this unit (or --force)", memory
+    assert memory[1].startswith("              why: mem_fraction_static 0.300 gives "), memory
+    role = tmp_path / "roles" / "srv.yml"
+    assert memory[2].startswith(f"              fix: in {role}:"), memory
+    assert ": set settings.mem_fraction_static: " in memory[2] and "(the engine then gets --mem-fraction-static" \
+        in memory[2]
+    assert not [ln for ln in memory if "margin" in ln], memory
+    assert "              headroom not reached: the check stops at kv-pool-empty (why: above)" in memory
+    refused = invoke("deploy", "--inventory", str(inv), "--host", "node171")
+    assert refused.returncode == 1 and f"Fix: in {role}:" in refused.stderr, refused.stderr
+    assert "set settings.mem_fraction_static: " in refused.stderr
 
 
 def test_plan_suggest_prints_settings_that_fit(tmp_path: Path) -> None:

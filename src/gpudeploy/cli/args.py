@@ -20,10 +20,12 @@ from ..errors import GpudeployError
 
 DEFAULT_INVENTORY = "inventory/hosts.yml"
 INVENTORY_ENV = "GPUDEPLOY_INVENTORY"
-INVENTORY_HELP = f"inventory file (default: ${INVENTORY_ENV}, else {DEFAULT_INVENTORY})"
-SELECT = {"inventory": INVENTORY_HELP, "host": "only this host",
-          "role": "only this role (a role file's name also selects its named instances)"}
-FORKS_HELP = "hosts at once (default: min(20 x CPUs, hosts, (open files - 10) / 3), as pyinfra)"
+INVENTORY_HELP = f"inventory file, e.g. -i site/hosts.yml (default: ${INVENTORY_ENV}, else {DEFAULT_INVENTORY})"
+SELECT = {"inventory": INVENTORY_HELP, "host": "only this host (its name in the inventory), e.g. -H node171",
+          "role": "only this role, e.g. -r decode (a role file's name also selects its named instances)"}
+FORKS_HELP = "hosts at once, e.g. -f 10 (default: min(20 x CPUs, hosts, (open files - 10) / 3), as pyinfra)"
+REFUSES = 2  # the exit status of plan and render when deploy would refuse a unit (1: the input has problems)
+BROKEN_PIPE = 141  # 128 + SIGPIPE, what `yes | head` leaves: the reader went away (plan --json | head)
 
 
 def inventory_path(value: str | None, *, must_exist: bool = True) -> str:
@@ -44,6 +46,13 @@ def positive_int(value: str | None, flag: str) -> int | None:
     if not str(value).isdigit() or int(value) < 1:
         raise Exit(f"gpudeploy: {flag} takes a whole number of 1 or more, not {value!r}", code=1)
     return int(value)
+
+
+def port_number(value: str | None, flag: str) -> int | None:
+    number = positive_int(value, flag)
+    if number is not None and number > 65535:
+        raise Exit(f"gpudeploy: {flag} takes a port number (1-65535), not {value!r}", code=1)
+    return number
 
 
 def percent(value: str | None, flag: str) -> float:
@@ -72,17 +81,25 @@ def seconds(value: str | None, flag: str) -> float | None:
 
 
 def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn gpudeploy's own errors into a message and exit status 1, never a traceback."""
+    """Turn gpudeploy's own errors into a message and exit status 1, never a traceback; a reader
+    that went away (``plan --json | head``) into a quiet exit 141; and refuse invoke's ``--dry``."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         from ..fanout import raise_open_files  # (here, not at import: see cli/tasks.py)
 
+        refuse_dry_run(args[0] if args else None)
         raise_open_files()
         _freeze_at_exit()
         interrupt.install()  # Ctrl-C always ends the command within interrupt.GRACE_S
         try:
-            return fn(*args, **kwargs)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                sys.stdout.flush()  # here, where a closed pipe can still be answered
+        except BrokenPipeError:
+            quiet_stdout()
+            raise Exit(code=BROKEN_PIPE) from None
         except GpudeployError as exc:
             raise Exit(f"gpudeploy: {printable(str(exc), lines=True)}", code=1) from None  # a host's stderr in it
         except KeyboardInterrupt:
@@ -90,6 +107,28 @@ def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             interrupt.leave(130)  # never waits for worker threads still on a host
 
     return wrapper
+
+
+def refuse_dry_run(c: Any) -> None:
+    """invoke's ``--dry`` (or ``run.dry`` in an invoke config file) only echoes the shell commands a
+    task runs through invoke, and gpudeploy's run none that way: ``invoke --dry deploy`` deployed for
+    real. The ``gpudeploy`` command has no --dry; ``invoke`` in the repository stops here."""
+    try:
+        dry = bool(c.config.run.dry)
+    except AttributeError:  # not an invoke Context (a test calling the body)
+        return
+    if dry:
+        raise Exit("gpudeploy: invoke's --dry (echo shell commands instead of running them) does not apply to "
+                   "gpudeploy's tasks, which would run for real: nothing was done. `deploy --check` shows what "
+                   "would change without changing it, `plan` what would run where.", code=1)
+
+
+def quiet_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's last flush of what is still buffered
+    does not fail again on the closed pipe (the recipe of Python's signal documentation)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 _frozen_at_exit = False

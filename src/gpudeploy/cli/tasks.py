@@ -2,8 +2,9 @@
 folder) and ``invoke`` in gpudeploy's own repository (tasks.py adds the lab's tasks to it).
 
     gpudeploy init       --host ADDR [--host ADDR ...] [--out inventory/hosts.yml] [--force]
+    gpudeploy init       --example [--out inventory/hosts.yml] [--force]
     gpudeploy roles      [--inventory F]
-    gpudeploy plan       [--host H] [--role R] [--json] [--suggest]
+    gpudeploy plan       [--host H] [--role R] [--json] [--suggest] [--files]
     gpudeploy deploy     [--host H] [--role R] [--deployment D] [--check] [--force] [--timeout S] ...
                          [--rolling | --no-rolling] [--allow-downtime]
     gpudeploy status     [--host H] [--role R] [--deployment D] [--json] [--watch]
@@ -17,7 +18,8 @@ folder) and ``invoke`` in gpudeploy's own repository (tasks.py adds the lab's ta
 Each task parses its flags, calls the package, prints and exits; every one is wrapped by
 :func:`~gpudeploy.cli.args.user_errors` (gpudeploy's errors become a message and exit 1, Ctrl-C ends
 the command within ``interrupt.GRACE_S`` with 130). ``--inventory`` defaults to
-``$GPUDEPLOY_INVENTORY``, else ``inventory/hosts.yml`` of the current folder.
+``$GPUDEPLOY_INVENTORY``, else ``inventory/hosts.yml`` of the current folder. Every option's short
+flag (or none) is in the one table of cli/options.py.
 """
 
 from __future__ import annotations
@@ -30,21 +32,19 @@ from typing import Any
 from invoke.collection import Collection
 from invoke.context import Context
 from invoke.exceptions import Exit
-from invoke.tasks import task
 
 from .. import interrupt
 from ..controlchars import printable
 from .args import (
     FORKS_HELP,
+    REFUSES,
     SELECT,
     calibration,
     inventory_path,
-    percent,
-    positive_int,
-    seconds,
     set_forks,
     user_errors,
 )
+from .options import command
 
 # Nothing of gpudeploy beyond this is imported here: `gpudeploy --help` and `invoke --list` load only
 # this module (issue 26: cold start <= 0.15 s; the planner, jinja2, yaml, fabric and paramiko cost
@@ -102,45 +102,57 @@ def plan_learning_flags(inventory: str, read: tuple[Any, list[Any]] | None = Non
 
 
 
-@task(help={**SELECT, "json": "one JSON document on stdout",
-            "suggest": "also list memory settings that fit, with the KV tokens each leaves"})
+@command(help={**SELECT, "json": "one JSON document on stdout (every unit with its files and verdict)",
+               "suggest": "also list memory settings that fit, with the KV tokens each leaves",
+               "files": "also show the text of each unit's files (systemd unit, environment file); "
+                        "`deploy --check` shows how they differ from the hosts'"})
 @user_errors
 def plan(c: Context, inventory: str | None = None, host: str | None = None, role: str | None = None,
-         json_: bool = False, suggest: bool = False) -> None:
-    """Show what would run where (GPUs, NUMA, ports, command, env, files, memory) without touching anything."""
+         json_: bool = False, suggest: bool = False, files: bool = False) -> None:
+    """Show what would run where (GPUs, NUMA, ports, command, env, memory) without touching anything.
+
+    It ends with a recap: per unit ok, warn (deploy says so and goes ahead) or refuse, why, and the fix.
+    Exit status: 0 deploy would go ahead, 1 the input has problems, 2 deploy would refuse a unit.
+    """
     inventory = inventory_path(inventory)
     from ..plan import load_plan
-    from ..report import plan_json, plan_text
+    from ..report import plan_json, plan_recap, plan_text
 
     # a release gpudeploy has not captured plans with the nearest captured one's flags, marked so;
     # deploy reads the host's own --help before it renders anything
     p = load_plan(inventory, host=host, role=role, store=calibration(), suggest=suggest, offline_flags=True)
     if json_:
-        json.dump(plan_json(p), sys.stdout, indent=2)
+        doc = plan_json(p)  # its documented shape: the files' text included, --files or not
+        json.dump(doc, sys.stdout, indent=2)
         sys.stdout.write("\n")
+        refused = bool(doc["deploy_would_refuse"])
     else:
-        sys.stdout.write(plan_text(p))
+        sys.stdout.write(plan_text(p, show_files=files))
+        refused = plan_recap(p)[1]
+    if refused:
+        raise Exit(code=REFUSES)
 
 
-@task(help={**SELECT, "deployment": "only this deployment (all its hosts)",
-            "force": "deploy even when the memory check predicts OOM or GPUs are busy",
-            "timeout": "seconds to wait for /health (default: the role's health.timeout_s)",
-            "keep_on_failure": "when a deployment fails, leave what this run started running, for debugging",
-            "check": "show what would change on the hosts, with diffs, and change nothing",
-            "serial": "roll out in batches of deployments, e.g. 1,25%,100% (a canary first)",
-            "max_fail_percent": "with --serial: stop when more than this share of deployments failed (default 0)",
-            "json": "one JSON record per host and unit, and per deployment, on stdout",
-            "only_failed": "deploy only the deployments the last deploy of this inventory did not make ready",
-            "rolling": "always roll changed engines through the router (default: when the deployment serves now)",
-            "no_rolling": "never roll: restart what changed",
-            "allow_downtime": "when there is no room for a rolling update, restart plainly instead of refusing",
-            "forks": FORKS_HELP})
+@command(help={**SELECT, "deployment": "only this deployment (all its hosts), e.g. -d pd",
+               "force": "deploy even when the memory check predicts OOM or GPUs are busy (no short flag)",
+               "timeout": "seconds to wait for /health, e.g. -t 900 (default: the role's health.timeout_s)",
+               "keep_on_failure": "when a deployment fails, leave what this run started running, for debugging",
+               "check": "show what would change on the hosts, with diffs, and change nothing",
+               "serial": "roll out in batches of deployments, e.g. 1,25%,100% (a canary first)",
+               "max_fail_percent": "with --serial: stop when more than this percentage of deployments failed, "
+                                   "e.g. --max-fail-percent 25 (default 0)",
+               "json": "one JSON record per host and unit, and per deployment, on stdout",
+               "only_failed": "deploy only the deployments the last deploy of this inventory did not make ready",
+               "rolling": "always roll changed engines through the router (default: when the deployment serves now)",
+               "no_rolling": "never roll: restart what changed",
+               "allow_downtime": "when there is no room for a rolling update, restart plainly instead of refusing",
+               "forks": FORKS_HELP})
 @user_errors
 def deploy(c: Context, host: str | None = None, inventory: str | None = None, role: str | None = None,
-           deployment: str | None = None, force: bool = False, timeout: str | None = None,
+           deployment: str | None = None, force: bool = False, timeout: float | None = None,
            keep_on_failure: bool = False, check: bool = False, serial: str | None = None,
-           max_fail_percent: str | None = None, json_: bool = False, only_failed: bool = False,
-           forks: str | None = None, rolling: bool = False, no_rolling: bool = False,
+           max_fail_percent: float = 0.0, json_: bool = False, only_failed: bool = False,
+           forks: int | None = None, rolling: bool = False, no_rolling: bool = False,
            allow_downtime: bool = False) -> None:
     """Deploy whole deployments: every engine on every host, then the routers, then a real generation.
 
@@ -149,10 +161,10 @@ def deploy(c: Context, host: str | None = None, inventory: str | None = None, ro
     inventory = inventory_path(inventory)
     from ..apply.rollout import parse_serial
 
-    timeout_s = seconds(timeout, "--timeout")
-    set_forks(positive_int(forks, "--forks"))
+    timeout_s = timeout  # (numbers are checked as the command line is read: cli/options.py)
+    set_forks(forks)
     batches = tuple(parse_serial(serial)) if serial else ()
-    budget = percent(max_fail_percent, "--max-fail-percent")
+    budget = max_fail_percent
     if rolling and no_rolling:
         raise Exit("gpudeploy: --rolling and --no-rolling contradict each other", code=1)
     read = read_inventory(inventory)
@@ -212,17 +224,17 @@ def deploy(c: Context, host: str | None = None, inventory: str | None = None, ro
         raise Exit(code=1)
 
 
-@task(help={**SELECT, "json": "one JSON document on stdout", "deployment": "only this deployment",
-            "forks": FORKS_HELP,
-            "watch": "keep watching until Ctrl-C (exit 130): states, health and the routers' workers; "
+@command(help={**SELECT, "json": "one JSON document on stdout", "deployment": "only this deployment, e.g. -d pd",
+               "forks": FORKS_HELP,
+               "watch": "keep watching until Ctrl-C (exit 130): states, health and the routers' workers; "
                      "a death at once, with its cause"})
 @user_errors
 def status(c: Context, inventory: str | None = None, host: str | None = None, role: str | None = None,
-           deployment: str | None = None, json_: bool = False, forks: str | None = None,
+           deployment: str | None = None, json_: bool = False, forks: int | None = None,
            watch: bool = False) -> None:
     """Every gpudeploy unit by deployment: state, PID, uptime, ports, /health, the router's view of it."""
     inventory = inventory_path(inventory)
-    set_forks(positive_int(forks, "--forks"))
+    set_forks(forks)
     if watch and json_:
         raise Exit("gpudeploy: --watch is a live view and --json one document: use one of them", code=1)
     read = read_inventory(inventory)
@@ -278,17 +290,18 @@ def status(c: Context, inventory: str | None = None, host: str | None = None, ro
         raise Exit(code=1)
 
 
-@task(help={**SELECT, "deployment": "only this deployment (all its hosts)",
-            "purge": "also remove unit files, env files, run records and state directories", "forks": FORKS_HELP})
+@command(help={**SELECT, "deployment": "only this deployment (all its hosts), e.g. -d pd",
+               "purge": "also remove unit files, env files, run records and state directories (no short flag)",
+               "forks": FORKS_HELP})
 @user_errors
 def teardown(c: Context, inventory: str | None = None, host: str | None = None, role: str | None = None,
-             deployment: str | None = None, purge: bool = False, forks: str | None = None) -> None:
+             deployment: str | None = None, purge: bool = False, forks: int | None = None) -> None:
     """Stop units (routers, then decode, then prefill) and prove nothing of them is left, GPUs free."""
     inventory = inventory_path(inventory)
     from ..apply.teardown import teardown as run_teardown
     from ..errors import GpudeployError as Err
 
-    set_forks(positive_int(forks, "--forks"))
+    set_forks(forks)
     p, hosts, mates = plan_and_hosts(inventory, host, role, deployment)
     from ..plan.build import deployments
 
@@ -322,10 +335,15 @@ def teardown(c: Context, inventory: str | None = None, host: str | None = None, 
         raise Exit(code=1)
 
 
-@task(help={**SELECT, "follow": "keep printing new lines"})
+@command(help={**SELECT, "host": "the unit's host (required), e.g. -H node171",
+               "role": "the unit's role (required), e.g. -r decode", "follow": "keep printing new lines"})
 @user_errors
-def logs(c: Context, host: str, role: str, inventory: str | None = None, follow: bool = False) -> None:
-    """The journal of the unit's current run only (never lines of earlier runs)."""
+def logs(c: Context, host: str | None = None, role: str | None = None, inventory: str | None = None,
+         follow: bool = False) -> None:
+    """The journal of the unit's current run only (never lines of earlier runs): gpudeploy logs -H HOST -r ROLE."""
+    if host is None or role is None:
+        raise Exit("gpudeploy: logs needs --host HOST and --role ROLE (one unit), e.g. gpudeploy logs -H node171 "
+                   "-r decode", code=1)
     inventory = inventory_path(inventory)
     from ..plan import load_plan
     from ..verify.logs import show_logs
@@ -338,18 +356,18 @@ def logs(c: Context, host: str, role: str, inventory: str | None = None, follow:
     show_logs(mine[0], follow=follow)
 
 
-@task(help={"inventory": SELECT["inventory"], "host": "only this host", "json": "one JSON document on stdout",
-            "forks": FORKS_HELP})
+@command(help={"inventory": SELECT["inventory"], "host": SELECT["host"], "json": "one JSON document on stdout",
+               "forks": FORKS_HELP})
 @user_errors
 def facts(c: Context, inventory: str | None = None, host: str | None = None, json_: bool = False,
-          forks: str | None = None) -> None:
+          forks: int | None = None) -> None:
     """What each host really has: GPUs (NVML: UUID, bus id, NUMA, memory, processes), CPUs, init, engines."""
     inventory = inventory_path(inventory)
     from ..errors import GpudeployError as Err
     from ..facts.host import gather
     from ..report import facts_text
 
-    set_forks(positive_int(forks, "--forks"))
+    set_forks(forks)
     p, hosts, mates = plan_and_hosts(inventory, host, None)
     results = gather(p, [h for h in hosts if h.name not in mates])
     text, ok = facts_text(results, p.inventory.hosts)
@@ -363,46 +381,63 @@ def facts(c: Context, inventory: str | None = None, host: str | None = None, jso
         raise Exit(code=1)
 
 
-@task(help={"target": "what to render: k8s (LeaderWorkerSet engines, the router as a Deployment, Services, ConfigMaps)",
-            "inventory": SELECT["inventory"], "deployment": "only this deployment",
-            "out": "write <deployment>.yaml and NOTES.md into this directory (default: the YAML on stdout)",
-            "image": "the engines' image (default: lmsysorg/sglang:v<the planned release>)",
-            "router_image": "the router's image (default: --image, else its engines' image)",
-            "model_pvc": "mount the model directory from this PersistentVolumeClaim (default: the node's path)"})
+@command(help={"target": "what to render (required): k8s (LeaderWorkerSet engines, the router as a Deployment, "
+                         "Services, ConfigMaps)",
+               "inventory": SELECT["inventory"], "deployment": "only this deployment, e.g. -d pd",
+               "out": "write <deployment>.yaml and NOTES.md into this directory, e.g. -o k8s/ "
+                      "(default: the YAML on stdout)",
+               "image": "the engines' image (default: lmsysorg/sglang:v<the planned release>)",
+               "router_image": "the router's image (default: --image, else its engines' image)",
+               "model_pvc": "mount the model directory from this PersistentVolumeClaim (default: the node's path)"})
 @user_errors
-def render(c: Context, target: str, inventory: str | None = None, deployment: str | None = None,
+def render(c: Context, target: str | None = None, inventory: str | None = None, deployment: str | None = None,
            out: str | None = None, image: str | None = None, router_image: str | None = None,
            model_pvc: str | None = None) -> None:
-    """The inventory as Kubernetes manifests, validated offline; nothing is written unless all of them pass."""
+    """The inventory as Kubernetes manifests, validated offline; nothing is written unless all of them pass.
+
+    Kubernetes checks no GPU memory: the memory preflight's verdicts end the output (on stderr), and a
+    unit deploy would refuse makes the exit status 2 (1: the input has problems).
+    """
+    if target is None:
+        raise Exit("gpudeploy: render needs --target k8s (the one target so far)", code=1)
+    if target != "k8s":
+        raise Exit(f"gpudeploy: --target {target!r}: the one target so far is k8s", code=1)
     inventory = inventory_path(inventory)
     from pathlib import Path
 
     from ..k8s import Options
     from ..k8s import render as render_k8s
     from ..k8s.write import summary, write_files
+    from ..report import plan_recap
 
-    if target != "k8s":
-        raise Exit(f"gpudeploy: --target {target!r}: the one target so far is k8s", code=1)
     r = render_k8s(inventory, Options(image=image, router_image=router_image, model_pvc=model_pvc),
-                   deployment=deployment)
+                   deployment=deployment, memory=True, store=calibration())
     if not r.manifests:
         raise Exit(f"gpudeploy: nothing is placed in {inventory}; nothing was written", code=1)
     if out is None:
         sys.stdout.write("".join(r.streams.values()))
-        return
-    write_files(Path(out), r.files())
-    sys.stdout.write(summary(Path(out), r.manifests, r.notes))
+    else:
+        write_files(Path(out), r.files())
+        sys.stdout.write(summary(Path(out), r.manifests, r.notes))
+    text, refused = plan_recap(r.plan)
+    sys.stdout.flush()
+    sys.stderr.write(text)
+    if refused:
+        raise Exit(code=REFUSES)
 
 
-@task(name="run", default=True,
-      help={"file": "the experiment file (YAML, beside the inventory)",
-            "dry_run": "print what would be deployed and run, in order; touch nothing",
-            "resume": "go on with the results folder: variants already finished are not re-run",
-            "timeout": "seconds each deploy may wait for /health (default: the roles' health.timeout_s)"})
+@command(name="run", default=True,
+         help={"file": "the experiment file (required; YAML, beside the inventory), e.g. --file experiments/tp.yml",
+               "dry_run": "print what would be deployed and run, in order; touch nothing",
+               "resume": "go on with the results folder: variants already finished are not re-run",
+               "timeout": "seconds each deploy may wait for /health, e.g. -t 900 (default: the roles' "
+                          "health.timeout_s)"})
 @user_errors
-def experiment_run(c: Context, file: str, dry_run: bool = False, resume: bool = False,
-                   timeout: str | None = None) -> None:
+def experiment_run(c: Context, file: str | None = None, dry_run: bool = False, resume: bool = False,
+                   timeout: float | None = None) -> None:
     """Per variant: memory check, deploy (gate), the engine's own benchmark through the router, record, teardown."""
+    if file is None:
+        raise Exit("gpudeploy: experiment needs --file F (the experiment file)", code=1)
     from ..experiment.plot import plot as write_plot
     from ..experiment.runner import run_experiment
     from ..experiment.show import summary, table
@@ -410,7 +445,7 @@ def experiment_run(c: Context, file: str, dry_run: bool = False, resume: bool = 
 
     exp = load_experiment(file)
     store = run_experiment(exp, resume=resume, dry_run=dry_run, calibration=calibration(),
-                           deploy_timeout_s=seconds(timeout, "--timeout"))
+                           deploy_timeout_s=timeout)
     if dry_run:
         return
     doc = summary(store)
@@ -420,7 +455,7 @@ def experiment_run(c: Context, file: str, dry_run: bool = False, resume: bool = 
     print(f"\n{text}\n\nstore {store.path}; table {store.folder / 'table.txt'}; plot {png}")
 
 
-@task(name="show", help={"file": "the experiment file (its results folder is read)",
+@command(name="show", help={"file": "the experiment file (its results folder is read)",
                          "results": "or the results folder itself", "json": "one JSON document on stdout",
                          "plot": "also write the plot (PNG) to this path"})
 @user_errors
@@ -449,9 +484,9 @@ def experiment_show(c: Context, file: str | None = None, results: str | None = N
 
 
 
-@task(help={"inventory": "also the roles of this inventory's roles_dir (default: $GPUDEPLOY_INVENTORY, else "
+@command(help={"inventory": "also the roles of this inventory's roles_dir (default: $GPUDEPLOY_INVENTORY, else "
                          "inventory/hosts.yml, when it exists)",
-            "json": "one JSON document on stdout"})
+               "json": "one JSON document on stdout"})
 @user_errors
 def roles(c: Context, inventory: str | None = None, json_: bool = False) -> None:
     """The roles a placement may name: the packaged library and the inventory's roles_dir, and where each comes from."""
@@ -471,30 +506,45 @@ def roles(c: Context, inventory: str | None = None, json_: bool = False) -> None
         print(roles_text(found))
 
 
-@task(iterable=["host"],
-      help={"host": "ADDRESS or USER@ADDRESS[:PORT] of a host to describe (repeat for more hosts)",
-            "out": "the inventory to write (default: inventory/hosts.yml)",
-            "force": "overwrite the file if it exists",
-            "user": "ssh user (default: ~/.ssh/config's, else your login name)",
-            "port": "ssh port (default: ~/.ssh/config's, else 22)",
-            "key": "ssh private key (default: your agent and ~/.ssh keys)",
-            "known_hosts": "a known_hosts file to trust besides ~/.ssh/known_hosts and /etc/ssh/ssh_known_hosts",
-            "python": "the interpreter to look for the engines with (default: the python3 each host finds "
-                      "first, and the virtualenvs under /opt)",
-            "deployment": "the deployment's name (default: pd)",
-            "forks": FORKS_HELP})
+@command(iterable=["host"],
+         help={"host": "ADDRESS or USER@ADDRESS[:PORT] of a host to describe (repeat for more hosts), "
+                       "e.g. -H 10.0.0.171 -H root@10.0.0.172:2222",
+               "example": "write a commented example inventory (one 8-GPU node) and copy the packaged roles "
+                       "beside it to edit; no host is contacted",
+               "out": "the inventory to write, e.g. -o site/hosts.yml (default: inventory/hosts.yml)",
+               "force": "overwrite the inventory (and with --example the role files) if they exist (no short flag)",
+               "user": "ssh user (default: ~/.ssh/config's, else your login name)",
+               "port": "ssh port, e.g. -p 2222 (default: ~/.ssh/config's, else 22)",
+               "key": "ssh private key (default: your agent and ~/.ssh keys)",
+               "known_hosts": "a known_hosts file to trust besides ~/.ssh/known_hosts and /etc/ssh/ssh_known_hosts",
+               "python": "the interpreter to look for the engines with (default: the python3 each host finds "
+                         "first, and the virtualenvs under /opt)",
+               "deployment": "the deployment's name (default: pd)",
+               "forks": FORKS_HELP})
 @user_errors
-def init(c: Context, host: list[str] | None = None, out: str | None = None, force: bool = False,
-         user: str | None = None, port: str | None = None, key: str | None = None, known_hosts: str | None = None,
-         python: str | None = None, deployment: str = "pd", forks: str | None = None) -> None:
-    """Write an inventory from the hosts' own facts (GPUs, PCI, NUMA, CPUs, init system, engines) with starter roles."""
+def init(c: Context, host: list[str] | None = None, example: bool = False, out: str | None = None,
+         force: bool = False, user: str | None = None, port: int | None = None, key: str | None = None,
+         known_hosts: str | None = None, python: str | None = None, deployment: str = "pd",
+         forks: int | None = None) -> None:
+    """Write an inventory from the hosts' own facts (GPUs, PCI, NUMA, CPUs, init system, engines) with starter roles.
+
+    gpudeploy init --example writes a commented example instead, without SSH, and copies the roles to edit.
+    """
+    if example:
+        if host:
+            raise Exit("gpudeploy: init --example contacts no host: leave out --host (or --example)", code=1)
+        from ..init.example import write_example
+
+        print(write_example(out or inventory_path(None, must_exist=False), force=force))
+        return
     from ..init import InitOptions, init_inventory
 
     if not host:
-        raise Exit("gpudeploy: init needs --host ADDRESS (once per host)", code=1)
-    set_forks(positive_int(forks, "--forks"))
+        raise Exit("gpudeploy: init needs --host ADDRESS (once per host), or --example for an example "
+                   "inventory to edit", code=1)
+    set_forks(forks)
     opts = InitOptions(addresses=tuple(host), out=out or inventory_path(None, must_exist=False), force=force,
-                       user=user, port=positive_int(port, "--port"), key=key, known_hosts=known_hosts,
+                       user=user, port=port, key=key, known_hosts=known_hosts,
                        python=python, deployment=deployment)
     text, ok = init_inventory(opts)
     print(text)

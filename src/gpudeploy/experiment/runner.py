@@ -38,6 +38,7 @@ from ..errors import GpudeployError, InputError, Problem
 from ..fanout import Interrupted
 from ..model import Plan, Unit
 from ..plan.calibrate import CalibrationStore
+from ..plan.memcheck import headroom_margin
 from ..remote import connect
 from ..remote.base import Result
 from ..report import memory_figures
@@ -191,7 +192,8 @@ def memory_lines(p: Planned) -> list[str]:
                            f"engine{', ' + u.role.log_format if u.role.engine == 'command' else ''})")
             continue
         verdict = str(mem.get("verdict", "unknown"))
-        margin = f", margin {mem['margin_gib']:+.2f} GiB" if isinstance(mem.get("margin_gib"), (int, float)) else ""
+        spare = headroom_margin(mem)  # none where the check stopped before the headroom (an empty KV pool)
+        margin = f", headroom margin {spare:+.2f} GiB" if spare is not None else ""
         kv = f", KV pool {mem['kv_tokens']} tokens" if mem.get("kv_tokens") is not None else ""
         severity = {"refuse": " (deploy refuses)", "warn": " (inside the estimate's error: goes ahead)"}.get(
             str(mem.get("severity", "ok")), "")

@@ -12,10 +12,12 @@ Pure: reads the inventory, never a host or a cluster.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import yaml
 
 from ..errors import InputError, Problem
+from ..model import Plan
 from ..plan import load_plan
 from .build import Options, build
 from .envrefs import undefined_references
@@ -23,6 +25,9 @@ from .notes import deployment_notes
 from .roleset import Manifest, role_sets
 from .validate import K8S_VERSION, manifest_problems
 from .write import notes_text, stream
+
+if TYPE_CHECKING:
+    from ..plan.calibrate import CalibrationStore
 
 __all__ = ["Manifest", "Options", "Rendered", "render"]
 
@@ -33,6 +38,7 @@ class Rendered:
     manifests: dict[str, list[Manifest]]  # deployment -> its manifests, in apply order
     notes: dict[str, list[str]]  # deployment -> what its manifests cannot express
     streams: dict[str, str]  # deployment -> its YAML (notes as a comment header)
+    plan: Plan  # what was rendered (with the memory preflight's verdicts when render was asked for them)
 
     def files(self) -> dict[str, str]:
         """What ``--out DIR`` holds: ``<deployment>.yaml`` each, and NOTES.md."""
@@ -40,14 +46,17 @@ class Rendered:
                 "NOTES.md": notes_text(self.inventory, self.notes)}
 
 
-def render(inventory: str, options: Options | None = None, deployment: str | None = None) -> Rendered:
+def render(inventory: str, options: Options | None = None, deployment: str | None = None, *,
+           memory: bool = False, store: CalibrationStore | None = None) -> Rendered:
     """Every deployment of the inventory (or ``deployment``) as validated manifests.
 
     Raises InputError with every problem: the plan's, what Kubernetes cannot represent, and every
     schema error of what was rendered (each naming the manifest, its role and the schema path).
+    ``memory``: also run the memory preflight (with what earlier runs measured, ``store``), whose
+    verdicts the plan then carries; Kubernetes checks no GPU memory itself.
     """
     options = options or Options()
-    plan = load_plan(inventory, deployment=deployment, memory=False)
+    plan = load_plan(inventory, deployment=deployment, memory=memory, store=store)
     manifests = build(plan, options)
     sets = role_sets(plan)
     notes = {dep: deployment_notes(sets[dep], manifests[dep], options, K8S_VERSION) for dep in manifests}
@@ -61,4 +70,4 @@ def render(inventory: str, options: Options | None = None, deployment: str | Non
         problems += undefined_references(manifests[dep], docs)
     if problems:
         raise InputError(problems)
-    return Rendered(inventory=inventory, manifests=manifests, notes=notes, streams=streams)
+    return Rendered(inventory=inventory, manifests=manifests, notes=notes, streams=streams, plan=plan)

@@ -9,16 +9,19 @@ recommends passes the same check once merged into the role's settings.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import InputError, Problem
+from ..library import PACKAGED_ROLES
 from ..memory import EngineSettings, budget, recommendation_flags, suggest
 from ..memory.logparse import Measured
 from ..memory.modelfacts import ModelFacts, model_facts_from_dir, model_facts_from_mapping
-from ..model import Host, Plan, Role
+from ..model import Host, Inventory, Plan, Role, Unit
 from ..yamlsrc import LineMap
 from .calibrate import CalibrationStore
 from .flags import flag_for
@@ -151,11 +154,82 @@ def unit_memory(host: Host, role: Role, gpus: tuple[int, ...], version: str, sto
     return doc
 
 
-def _recommended(mem: dict[str, Any]) -> str:
+def headroom_margin(mem: Mapping[str, Any]) -> float | None:
+    """The headroom's margin, where the check got that far (None: it stopped before the headroom,
+    at weights that do not load or an empty KV pool, whose figure of "available" is then no margin)."""
+    margin = mem.get("margin_gib")
+    return float(margin) if mem.get("headroom_breakdown") and isinstance(margin, (int, float)) else None
+
+
+def own_roles_folder(inv: Inventory) -> Path:
+    """Where the inventory's own role files are read from: its roles_dir, else ``../roles`` beside it."""
+    return Path(inv.roles_dir) if inv.roles_dir else Path(os.path.normpath(Path(inv.path).parent / ".." / "roles"))
+
+
+def settings_edit(role: Role, mem: Mapping[str, Any], roles_folder: Path | None) -> str:
+    """The recommendation as the edit to make: the role file's keys and values and where that file is
+    (a packaged role is copied into ``roles_folder``, the inventory's own roles, first), then the
+    engine flags it renders. The flags alone sent users looking for a command line that gpudeploy
+    writes itself."""
+    rec = mem.get("recommended") or {}
+    changes = [f"settings.{k}: {json.dumps(v)}" for k, v in rec.items() if v is not None and k != "tp_size"]
+    dropped = [f"settings.{k}" for k in removed_settings(role.settings, rec)]
+    edits = [x for x in ("set " + ", ".join(changes) if changes else "",
+                         "remove " + ", ".join(dropped) if dropped else "",
+                         f"set tp_size: {rec['tp_size']} (and give it that many GPUs)" if "tp_size" in rec else "")
+             if x]
+    if not edits:
+        return str(mem.get("message") or "none found")
+    if Path(role.file).resolve().parent == PACKAGED_ROLES.resolve():
+        copy = roles_folder / f"{role.file_role}.yml" if roles_folder else f"your roles_dir as {role.file_role}.yml"
+        where = f"in a copy of the packaged role {role.file_role} ({role.file}) at {copy}"
+    else:
+        keys = [f"settings.{k}" for k in rec if k != "tp_size"] + ["settings" if changes or dropped else "tp_size"]
+        line = next((role.lines[k] for k in keys if k in role.lines), None)  # the first key to edit, as written
+        where = f"in {role.file}" + (f":{line}" if line else "")
     flags = " ".join(mem.get("recommended_flags") or [])
     drop = " ".join(mem.get("recommended_remove") or [])
-    rec = " ".join(x for x in (flags, f"and drop {drop}" if drop else "") if x)
-    return rec or mem.get("message") or "none found"
+    renders = "; ".join(x for x in (f"the engine then gets {flags}" if flags else "",
+                                    f"and loses {drop}" if drop else "", str(mem.get("message") or "")) if x)
+    more = f"; or give it {mem['needs_more_gpus']} GPUs" if mem.get("needs_more_gpus") and "tp_size" not in rec else ""
+    return f"{where}: {'; '.join(edits)}" + (f" ({renders})" if renders else "") + more
+
+
+@dataclass(frozen=True)
+class MemoryVerdict:
+    """What deploy does about one unit's memory, in the words deploy and plan both print."""
+
+    severity: str  # "ok" (or nothing to check), "warn" (deploy says so and goes ahead), "refuse"
+    said: str  # the verdict in a sentence: for a refusal what it is about, for a warning the margin
+    fix: str  # the edit that passes the check ("" when none is needed)
+    notes: tuple[str, ...] = ()  # the preflight's notes (deploy prints each as a warning)
+
+
+def unit_memory_verdict(u: Unit, roles_folder: Path | None) -> MemoryVerdict:
+    """The unit's memory verdict as deploy acts on it (no verdict: a unit gpudeploy does not size)."""
+    mem = u.memory or {}
+    verdict = mem.get("verdict")
+    if verdict is None:
+        return MemoryVerdict("ok", "", "")
+    if verdict == "unknown":
+        return MemoryVerdict("ok", f"memory not checked: {mem.get('reason')}", "")
+    notes = tuple(str(n) for n in mem.get("notes") or [])
+    severity = str(mem.get("severity", "refuse" if verdict != "fits" else "ok"))
+    if severity == "refuse":
+        return MemoryVerdict("refuse", f"memory preflight predicts {verdict}: {mem.get('reason')}",
+                             settings_edit(u.role, mem, roles_folder), notes)
+    if severity == "warn":
+        margin, band = float(mem.get("margin_gib", 0.0)), float(mem.get("error_band_gib", 0.0))
+        what = f"{-margin:.2f} GiB short" if margin < 0 else f"{margin:.2f} GiB spare"
+        assumed = mem.get("assumed") or []
+        unknown = f"; it assumes {', '.join(assumed)}" if verdict == "uncertain" and assumed else ""
+        return MemoryVerdict("warn", f"memory preflight: {verdict}, {what} in the headroom, within the "
+                             f"estimate's +-{band:.2f} GiB error{unknown}: deploying anyway",
+                             settings_edit(u.role, mem, roles_folder), notes)
+    spare = headroom_margin(mem)
+    said = f"memory fits: {mem.get('kv_tokens')} KV tokens" + (
+        f", {spare:.2f} GiB spare headroom" if spare is not None else "")
+    return MemoryVerdict("warn" if notes else "ok", said, "", notes)
 
 
 def memory_verdicts(plan: Plan) -> tuple[list[Problem], list[str]]:
@@ -166,40 +240,27 @@ def memory_verdicts(plan: Plan) -> tuple[list[Problem], list[str]]:
     pool, the request table or the mamba state do not fit) and a graph-capture shortfall larger
     than the whole error band; an uncertain verdict (assumed inputs make the band wide), a shortfall
     or a thin margin inside the band warns, with what is assumed, so a setup that boots is never
-    refused on a guess.
+    refused on a guess. ``plan`` ends with the same verdicts (report.plan_recap).
     """
     problems: list[Problem] = []
     warnings: list[str] = []
+    folder = own_roles_folder(plan.inventory)
     for u in plan.units:
-        mem = u.memory or {}
-        verdict = mem.get("verdict")
-        if verdict in (None, "unknown"):
-            continue
-        rec = _recommended(mem)
-        more = f"; or use {mem['needs_more_gpus']} GPUs" if mem.get("needs_more_gpus") else ""
-        why = f" ({mem['message']})" if mem.get("message") and mem.get("recommended_flags") else ""
-        severity = mem.get("severity", "refuse" if verdict != "fits" else "ok")
-        if severity == "refuse":
-            problems.append(Problem(f"memory preflight predicts {verdict}: {mem.get('reason')}. "
-                                    f"Recommended: {rec}{more}{why} (or --force)", file=u.role.file,
+        v = unit_memory_verdict(u, folder)
+        where = f"{u.host.name}/{u.role.name}"
+        if v.severity == "refuse":
+            problems.append(Problem(f"{v.said}. Fix: {v.fix} (or --force)", file=u.role.file,
                                     host=u.host.name, role=u.role.name, key="settings"))
             continue
-        where = f"{u.host.name}/{u.role.name}"
-        if severity == "warn":
-            margin, band = mem.get("margin_gib", 0.0), mem.get("error_band_gib", 0.0)
-            what = (f"{-margin:.2f} GiB short" if margin < 0 else f"{margin:.2f} GiB spare")
-            assumed = mem.get("assumed") or []
-            unknown = f"; it assumes {', '.join(assumed)}" if verdict == "uncertain" and assumed else ""
-            warnings.append(f"{where}: memory preflight: {verdict}, {what} in the headroom, within the "
-                            f"estimate's +-{band:.2f} GiB error{unknown}: deploying anyway. If it dies, the next "
-                            f"plan learns from its log. Safer: {rec}{more}")
-        warnings.extend(f"{where}: memory preflight: {note}" for note in mem.get("notes") or [])
+        if v.fix:
+            warnings.append(f"{where}: {v.said}. If it dies, the next plan learns from its log. Safer: {v.fix}")
+        warnings.extend(f"{where}: memory preflight: {note}" for note in v.notes)
     return problems, warnings
 
 
 def free_memory_problems(host: Host, units: list[Any], devices: list[dict[str, Any]],
                          processes: list[dict[str, Any]], own_pids: set[int],
-                         store: CalibrationStore | None = None) -> list[str]:
+                         store: CalibrationStore | None = None, roles_folder: Path | None = None) -> list[str]:
     """Deploy's second look, with NVML's reading of the host: the memory preflight again with what is
     free on each unit's GPUs right now (less what this deployment's own earlier runs hold, which a
     restart gives back) and the GPU's own kind from its name. Returns what now refuses where the plan
@@ -225,5 +286,5 @@ def free_memory_problems(host: Host, units: list[Any], devices: list[dict[str, A
         if again and again.get("severity") == "refuse":
             out.append(f"GPU {tightest['index']} (for role {u.role.name}) has {free:.2f} GiB free by NVML; with "
                        f"that the memory preflight predicts {again['verdict']}: {again.get('reason')}. "
-                       f"Recommended: {_recommended(again)} (or --force)")
+                       f"Fix: {settings_edit(u.role, again, roles_folder)} (or --force)")
     return out
