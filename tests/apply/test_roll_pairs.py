@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from gpudeploy.apply import surges
+from gpudeploy.apply import rolling, surges
 from gpudeploy.apply.order import upstreams_of
 from gpudeploy.apply.pair_roll import crossings
 from gpudeploy.model import Unit
@@ -97,3 +97,13 @@ def test_a_planned_unit_is_never_a_leftover_surge_copy(tmp_path: Path) -> None:
     where = surges.Where(remote=None, supervisor=None, states=running(fake, {}), facts={})  # type: ignore[arg-type]
     assert surges.left(fake, {"node1": where}) == []
     assert surges.surge_name(dec) not in surges.probe_names(fake, "node1")
+
+
+def test_a_named_instance_gets_a_surge_copy_planned_like_itself(tmp_path: Path) -> None:
+    # Found on the lab: the copy of dec-a was planned as a role file of its own, and planned nothing.
+    units = plan_units(tmp_path, ["pre", {"role": "dec", "name": "dec-a", "gpus": [4, 5]}, "rt"])
+    plan = load_plan(str(tmp_path / "hosts.yml"), memory=False)
+    dec_a = by_role(units, "dec-a")
+    surge = rolling.surge_unit(plan, dec_a, dec_a.host, (6, 7))
+    assert surge.role.name == "dec-a-surge" and surge.gpus == (6, 7)
+    assert surge.ports["http"] == dec_a.ports["http"] + 1000

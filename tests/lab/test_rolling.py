@@ -19,7 +19,7 @@ import pytest
 import yaml
 from conftest import Lab
 from deploytools import REPO, Deployments, gd, http, interrupt_at, main_pid
-from test_pd import pd_roles
+from test_pd import pd_roles, stopped_at
 
 from gpudeploy.plan import unit_name
 from gpudeploy_lab import engine
@@ -68,14 +68,17 @@ def serves_at_once(router: str, lab: Lab) -> bool:
     return False
 
 
-def changed_pair(root: Path, marker: str) -> Path:
-    """inventory/lab-sglang.yml with both engines' env changed (so both roll), roles copied beside it."""
+def changed_pair(root: Path, marker: str, model_path: str | None = None) -> Path:
+    """inventory/lab-sglang.yml with both engines' env changed (so both roll), roles copied beside it;
+    ``model_path``: both engines serve that checkpoint instead."""
     inv = yaml.safe_load(PAIR.read_text())
     (root / "roles").mkdir(parents=True, exist_ok=True)
     for name in ("sglang-cpu-prefill", "sglang-cpu-decode", "sglang-cpu-router"):
         role = yaml.safe_load((REPO / "roles" / f"{name}.yml").read_text())
         if name != "sglang-cpu-router":
             role["env"]["GPUDEPLOY_TEST_VERSION"] = marker
+            if model_path:
+                role["model"]["path"] = model_path
         (root / "roles" / f"{name}.yml").write_text(yaml.safe_dump(role, sort_keys=False))
     inv.update(roles_dir=str(root / "roles"))
     path = root / "hosts.yml"
@@ -122,6 +125,26 @@ def test_a_rolling_update_under_load_drops_no_request(lab: Lab, tmp_path: Path) 
                  (("lab1", "sglang-cpu-prefill"), ("lab2", "sglang-cpu-decode"))}
         assert all(after[h] not in (0, before[h]) for h in before), (before, after)  # new engines
         assert lab.ssh("lab1", "ls /etc/systemd/system/ | grep -c surge || true").stdout.strip() == "0"
+        # Another checkpoint on both sides (issue 43, item 1): the router would pair the new prefill with
+        # the old decode mid roll, so the deploy is refused with its downtime and nothing is touched.
+        for h in ("lab1", "lab2"):
+            lab.ssh(h, "ln -sfn /opt/gpudeploy/engines/vllm/model /opt/tiny-b", check=True)
+        third = changed_pair(tmp_path / "c", "3", model_path="/opt/tiny-b")
+        with Load(f"{ROUTER}/generate", clients=2) as load:
+            res = gd("deploy", "--inventory", str(third), timeout=900)
+        out = res.stdout + res.stderr
+        assert res.returncode == 1, out
+        assert "its change cannot be rolled through its router" in out, out
+        assert ("new prefill lab1/sglang-cpu-prefill with decode lab2/sglang-cpu-decode as it runs now serve "
+                "different models") in out, out
+        assert "nothing was touched" in out and "`invoke deploy --allow-downtime`" in out, out
+        assert "(the last measured startup)" in out, out
+        assert {h: main_pid(lab, h, unit_name("lab-sglang", r)) for h, r in
+                (("lab1", "sglang-cpu-prefill"), ("lab2", "sglang-cpu-decode"))} == after  # untouched
+        failed = [s for s in load.sent if not s.ok]
+        assert load.sent and failed == [], evidence(lab, out, load, t0)
+        assert workers(ROUTER) == [("http://10.231.0.11:30000", "prefill", True),
+                                   ("http://10.231.0.12:30000", "decode", True)]
     finally:
         gd("teardown", "--inventory", str(first), "--purge", timeout=300)
 
@@ -250,3 +273,56 @@ def test_ctrl_c_mid_roll_says_what_is_left_and_the_next_deploy_finishes_the_roll
     assert sorted(w[1:] for w in workers(router)) == [("decode", True), ("prefill", True)]
     assert main_pid(lab, "lab2", unit_name("rint", "pre")) not in (0, pre)
 
+
+def started_at(lab: Lab, host: str, unit: str) -> int:
+    """When systemd last logged "Started <unit>" (µs since the epoch; 0 if never)."""
+    out = lab.ssh(host, f"journalctl -u {unit} -o json --output-fields=MESSAGE", check=True).stdout
+    times = [int(e["__REALTIME_TIMESTAMP"]) for e in map(json.loads, out.splitlines())
+             if str(e.get("MESSAGE", "")).startswith(f"Started {unit}")]
+    return max(times, default=0)
+
+
+def test_a_new_checkpoint_restarts_plainly_with_no_old_engine_beside_a_new_one(deployments: Deployments,
+                                                                               lab: Lab) -> None:
+    # Issue 43, item 1, with --allow-downtime: every changed engine is stopped before any starts again,
+    # so the router never lists a new prefill beside an old decode.
+    roles = pd_roles()
+    inv = deployments.inventory("rckpt", roles, host="lab2", placed=["pre", "dec", "rt"])
+    assert gd("deploy", "--inventory", str(inv)).returncode == 0
+    for r in ("pre", "dec"):
+        roles[r]["model"] = {"path": "/models/tiny-b"}
+    inv = deployments.inventory("rckpt", roles, host="lab2", placed=["pre", "dec", "rt"])
+    res = gd("deploy", "--inventory", str(inv))
+    out = res.stdout + res.stderr
+    assert res.returncode == 1 and "its change cannot be rolled through its router" in out, out
+    assert "new prefill lab2/pre with decode lab2/dec as it runs now serve different models" in out, out
+    res = gd("deploy", "--inventory", str(inv), "--allow-downtime")
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out
+    assert "restarting it plainly (--allow-downtime), every changed engine stopped before any starts again" in out
+    pre, dec = unit_name("rckpt", "pre"), unit_name("rckpt", "dec")
+    assert max(stopped_at(lab, "lab2", pre), stopped_at(lab, "lab2", dec)) \
+        < min(started_at(lab, "lab2", pre), started_at(lab, "lab2", dec)), out
+
+
+def test_a_named_decode_instance_rolls_under_load_as_a_decode_worker(deployments: Deployments, lab: Lab) -> None:
+    # Issue 43, item 2: upstreams name the role file (dec); the instance is dec-a.
+    roles = pd_roles()
+    placed: list[Any] = ["pre", {"role": "dec", "name": "dec-a", "gpus": [4, 5]}, "rt"]
+    inv = deployments.inventory("rnamed", roles, host="lab2", placed=placed)
+    assert gd("deploy", "--inventory", str(inv)).returncode == 0
+    router = "http://10.231.0.12:8000"
+    dec = main_pid(lab, "lab2", unit_name("rnamed", "dec-a"))
+    roles["dec"]["env"]["GPUDEPLOY_TEST_VERSION"] = "2"
+    inv = deployments.inventory("rnamed", roles, host="lab2", placed=placed)
+    with Load(f"{router}/generate", clients=2) as load:
+        res = gd("deploy", "--inventory", str(inv))
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out
+    assert "lab2/dec-a-surge joined the router as a decode worker" in out, out
+    failed = [s for s in load.sent if not s.ok]
+    assert load.sent and failed == [], failed[:5]
+    # dec-a is back on its planned port (the second placement: 30010) as the router's decode worker
+    assert workers(router) == [("http://10.231.0.12:30000", "prefill", True),
+                               ("http://10.231.0.12:30010", "decode", True)]
+    assert main_pid(lab, "lab2", unit_name("rnamed", "dec-a")) not in (0, dec)

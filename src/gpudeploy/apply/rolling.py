@@ -123,7 +123,9 @@ def surge_unit(plan: Plan, unit: Unit, host: Host, gpus: tuple[int, ...] | None)
     under ``<role>-surge`` with every port shifted, planned by the same code as the engine itself."""
     inv = plan.inventory
     role = replace(unit.role, name=unit.role.name + SURGE_SUFFIX, ports=shifted(unit.ports))
-    req = PlacementRequest(role=role.name, gpus=gpus, deployment=unit.deployment)
+    # A named instance's copy is an instance of the same role file (plan/placement.py role_of).
+    req = PlacementRequest(role=role.name, gpus=gpus, deployment=unit.deployment,
+                           role_file=unit.role.instance_of or None)
     hosts = dict(inv.hosts)
     hosts[host.name] = replace(inv.hosts[host.name], placements=(*inv.hosts[host.name].placements, req))
     surge_inv = replace(inv, hosts=hosts, roles={**inv.roles, role.name: role})
