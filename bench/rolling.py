@@ -3,7 +3,7 @@
     .venv/bin/python bench/rolling.py [--rounds 1] [--clients 2] [--out bench/results]
 
 On the lab (brought up if it is not, taken down again then), with the real SGLang 0.5.23 PD pair
-(CPU build, the tiny model) and the real sglang-router: inventory/lab-sglang.yml (prefill lab1,
+(CPU build, the tiny model) and the real sglang-router: lab/inventory/lab-sglang.yml (prefill lab1,
 decode lab2, router lab3). Per round: deploy the pair, start a bounded load (``gpudeploy_lab.load``:
 N clients sending /generate through the router, one request after another, every request kept with
 its start, end and status), change both engines' env, and deploy again:
@@ -35,7 +35,7 @@ import gpudeploy_lab as labctl  # noqa: E402
 from gpudeploy_lab import engine  # noqa: E402
 from gpudeploy_lab.load import Load, Sent, percentile  # noqa: E402
 
-PAIR = REPO / "inventory" / "lab-sglang.yml"
+PAIR = REPO / "lab" / "inventory" / "lab-sglang.yml"
 ROUTER = "http://10.231.0.13:8000/generate"
 
 
@@ -48,7 +48,7 @@ def inventory(root: Path, marker: str) -> Path:
     inv = yaml.safe_load(PAIR.read_text())
     (root / "roles").mkdir(parents=True, exist_ok=True)
     for name in ("sglang-cpu-prefill", "sglang-cpu-decode", "sglang-cpu-router"):
-        role = yaml.safe_load((REPO / "roles" / f"{name}.yml").read_text())
+        role = yaml.safe_load((REPO / "lab" / "roles" / f"{name}.yml").read_text())
         if name != "sglang-cpu-router":
             role["env"]["GPUDEPLOY_BENCH_VERSION"] = marker
         (root / "roles" / f"{name}.yml").write_text(yaml.safe_dump(role, sort_keys=False))

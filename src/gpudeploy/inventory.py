@@ -1,6 +1,6 @@
 """Inventory and role files (YAML) -> ``model.Inventory``, reporting every problem at once.
 
-Inventory shape (see ``inventory/hosts.yml`` for a commented example)::
+Inventory shape (``inventory/`` holds commented examples: one-node.yml, two-nodes.yml, ...)::
 
     deployment: pd                 # unit names: gpudeploy-<deployment>.<role>.service
     roles_dir: ../roles            # relative to the inventory file; its role files override the packaged ones

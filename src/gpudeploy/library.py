@@ -5,6 +5,10 @@ A placed role ``R`` is ``<roles_dir>/R.yml`` when the inventory's roles director
 the packaged ``gpudeploy/roles/R.yml``; a template likewise (Jinja searches the inventory's
 ``templates_dir`` first, then the packaged one). So an inventory kept in its own repository needs
 no copy of either, and a role file of the same name in its ``roles_dir`` wins.
+
+In the repository the library lives at the top (``roles/``, ``templates/``) and ``gpudeploy/roles`` and
+``gpudeploy/templates`` are symlinks to it; installed from a wheel they are the files themselves. Either
+way they are the folders beside this module, so nothing here depends on how gpudeploy was installed.
 """
 
 from __future__ import annotations

@@ -26,8 +26,8 @@ def up(c: Context, hosts: int = 3, private: str = "", no_systemd: str = "", extr
     from gpudeploy_lab import control, engine
 
     try:
-        # once (~3 min on a fresh machine), then cached: inventory/lab-sglang.yml runs the real SGLang
-        # and the real router; inventory/lab.yml's router is the real one too
+        # once (~3 min on a fresh machine), then cached: lab/inventory/lab-sglang.yml runs the real SGLang
+        # and the real router; lab/inventory/lab.yml's router is the real one too
         engine.ensure_all()
         control.up(hosts, private=control.parse_pairs(private), no_systemd=control.parse_names(no_systemd),
                    extra=control.parse_names(extra))

@@ -21,7 +21,8 @@ OLD_ENV = (
 
 
 def test_env_diff_masks_every_value_whose_key_is_not_public() -> None:
-    unit = load_plan(str(REPO / "inventory" / "hosts.yml"), host="node171", role="prefill", memory=False).units[0]
+    fleet = str(REPO / "lab" / "inventory" / "hosts.yml")
+    unit = load_plan(fleet, host="node171", role="prefill", memory=False).units[0]
     diff = file_diff(unit, unit.env_path, OLD_ENV)
     assert "-secret" not in diff and "quoted-secret" not in diff and "_secret" not in diff, diff
     assert "-OLD_TOKEN=********" in diff and "-CERT=********" in diff and "-CONT=********" in diff

@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _hosts(n: int) -> list[Host]:
-    lab1 = load_inventory(str(REPO / "inventory" / "lab.yml")).hosts["lab1"]
+    lab1 = load_inventory(str(REPO / "lab" / "inventory" / "lab.yml")).hosts["lab1"]
     return [replace(lab1, name=f"lab{i}") for i in range(1, n + 1)]
 
 
@@ -165,8 +165,9 @@ def test_a_deploy_whose_plan_fails_lets_go_of_every_host_it_started_on(
 
     monkeypatch.setattr(tasks, "plan_learning_flags", failing_plan)
     with pytest.raises(Exit, match="no GPU left"):
-        tasks.deploy.body(Context(), inventory=str(REPO / "inventory" / "lab.yml"))  # type: ignore[attr-defined]
-    placed = sorted(n for n, h in load_inventory(str(REPO / "inventory" / "lab.yml")).hosts.items() if h.placements)
+        tasks.deploy.body(Context(), inventory=str(REPO / "lab" / "inventory" / "lab.yml"))  # type: ignore[attr-defined]
+    lab = load_inventory(str(REPO / "lab" / "inventory" / "lab.yml"))
+    placed = sorted(n for n, h in lab.hosts.items() if h.placements)
     assert placed
     # a dial still under way when the plan failed is ended as it finishes, by its own thread
     _until(lambda: sorted(x for x in log if x.startswith("close")) == [f"close {n}" for n in placed],
@@ -187,7 +188,7 @@ def test_a_deploy_that_names_its_hosts_through_the_plan_starts_nothing_early(
     for selected in ({"host": "lab1"}, {"role": "decode"}, {"deployment": "pd"}, {"serial": "1"},
                      {"only_failed": True}):
         with pytest.raises(Exit, match="stop here"):
-            tasks.deploy.body(Context(), inventory=str(REPO / "inventory" / "lab.yml"), **selected)  # type: ignore[attr-defined]
+            tasks.deploy.body(Context(), inventory=str(REPO / "lab" / "inventory" / "lab.yml"), **selected)  # type: ignore[attr-defined]
     assert log == []
 
 

@@ -149,7 +149,7 @@ def test_host_scripts_run_the_hosts_own_python(tmp_path: Path) -> None:
     from gpudeploy.apply.lock import HostLock
     from gpudeploy.inventory import load_inventory
 
-    inv = load_inventory(str(Path(__file__).resolve().parents[2] / "inventory" / "lab.yml"))
+    inv = load_inventory(str(Path(__file__).resolve().parents[2] / "lab" / "inventory" / "lab.yml"))
     host = replace(next(iter(inv.hosts.values())), python="/opt/venvs/py311/bin/python3")
     seen: list[list[str]] = []
 
@@ -289,7 +289,7 @@ def _here() -> Host:
 
     from gpudeploy.inventory import load_inventory
 
-    inv = load_inventory(str(Path(__file__).resolve().parents[2] / "inventory" / "lab.yml"))
+    inv = load_inventory(str(Path(__file__).resolve().parents[2] / "lab" / "inventory" / "lab.yml"))
     return replace(next(iter(inv.hosts.values())), python=sys.executable, connection="local")
 
 

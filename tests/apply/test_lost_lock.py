@@ -102,7 +102,7 @@ class _Remote:
 
 def test_a_lock_lost_mid_deploy_fails_the_host_before_its_next_upload_or_start(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    plan = load_plan(str(REPO / "inventory" / "lab.yml"), host="lab1", memory=False)
+    plan = load_plan(str(REPO / "lab" / "inventory" / "lab.yml"), host="lab1", memory=False)
     decode = next(u for u in plan.units if u.role.name == "decode")
     remote = _Remote(decode.host)
     monkeypatch.setattr(sessions, "connect", lambda host: remote)
@@ -140,7 +140,7 @@ def test_a_lock_lost_mid_deploy_fails_the_host_before_its_next_upload_or_start(
 
 def _here(tmp_path: Path) -> Host:
     """This machine as a ``connection: local`` host that runs our own python."""
-    plan = load_plan(str(REPO / "inventory" / "lab.yml"), host="lab1", memory=False)
+    plan = load_plan(str(REPO / "lab" / "inventory" / "lab.yml"), host="lab1", memory=False)
     return replace(plan.units[0].host, python=sys.executable, connection="local")
 
 
@@ -185,7 +185,7 @@ def test_a_routers_worker_list_is_not_changed_over_http_once_the_lock_is_lost() 
     from gpudeploy.verify import router_api
     from gpudeploy.verify.smoke import smoke_test
 
-    plan = load_plan(str(REPO / "inventory" / "lab.yml"), host="lab1", memory=False)
+    plan = load_plan(str(REPO / "lab" / "inventory" / "lab.yml"), host="lab1", memory=False)
     router = next(u for u in plan.units if u.role.engine == "sglang_router")
     engines = [u for u in plan.units if u.role.engine == "sglang"]
     remote = _Remote(router.host)
@@ -206,7 +206,7 @@ def test_a_roll_that_meets_a_lost_lock_fails_that_host_and_the_deploy_goes_on_to
     from gpudeploy.apply import rolling
     from gpudeploy.errors import LockLost
 
-    plan = load_plan(str(REPO / "inventory" / "lab.yml"), host="lab1", memory=False)
+    plan = load_plan(str(REPO / "lab" / "inventory" / "lab.yml"), host="lab1", memory=False)
     units = list(plan.units)
     host = units[0].host
     states = systemd.SYSTEMD.states({"units": {u.name: {"props": {"ActiveState": "active"}} for u in units}})
@@ -233,7 +233,7 @@ def test_a_roll_that_meets_a_lost_lock_fails_that_host_and_the_deploy_goes_on_to
 def test_a_failed_deployments_clean_up_does_not_call_units_stopped_where_the_lock_was_lost() -> None:
     from gpudeploy.apply.held import HeldTransport
 
-    plan = load_plan(str(REPO / "inventory" / "lab.yml"), host="lab1", memory=False)
+    plan = load_plan(str(REPO / "lab" / "inventory" / "lab.yml"), host="lab1", memory=False)
     decode = next(u for u in plan.units if u.role.name == "decode")
     remote = _Remote(decode.host)
     held = lockmod.HostLock(remote, 0)  # type: ignore[arg-type]
@@ -259,7 +259,7 @@ def test_a_host_that_refuses_port_forwarding_is_said_once_though_the_gate_reads_
     said: list[str] = []
     monkeypatch.setattr(http, "say", said.append)
     monkeypatch.setattr(http.onhost, "request", lambda via, mode, url, body, timeout, **kw: http.onhost.Answer(200))
-    plan = load_plan(str(REPO / "inventory" / "lab.yml"), host="lab1", memory=False)
+    plan = load_plan(str(REPO / "lab" / "inventory" / "lab.yml"), host="lab1", memory=False)
     remote = _Remote(plan.units[0].host)
 
     def refused(address: str, port: int, timeout: float) -> Any:

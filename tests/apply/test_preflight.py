@@ -13,14 +13,14 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _facts(listening: dict[str, list[int]], procs: list[int]) -> dict[str, Any]:
-    unit = load_plan(str(REPO / "inventory" / "lab.yml"), host="lab1", role="prefill", memory=False).units[0]
+    unit = load_plan(str(REPO / "lab" / "inventory" / "lab.yml"), host="lab1", role="prefill", memory=False).units[0]
     return {"systemd": True, "listening": listening,
             "gpus": {"devices": [{"index": g, "total": 96 * 2**30, "used": 0} for g in range(8)], "processes": []},
             "units": {unit.name: {"procs": [{"pid": p} for p in procs], "props": {}}}}
 
 
 def _check(facts: dict[str, Any], force: bool = False) -> list[str]:
-    plan = load_plan(str(REPO / "inventory" / "lab.yml"), host="lab1", role="prefill", memory=False)
+    plan = load_plan(str(REPO / "lab" / "inventory" / "lab.yml"), host="lab1", role="prefill", memory=False)
     return problems(plan.inventory.hosts["lab1"], list(plan.units), facts, SYSTEMD.states(facts), SYSTEMD,
                     force=force)
 

@@ -43,7 +43,7 @@ class _Host:
 
 def test_an_engines_memory_figures_are_read_in_its_hosts_thread_not_after_the_last_gate(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    plan = load_plan(str(REPO / "inventory" / "lab.yml"), host="lab1", memory=False)
+    plan = load_plan(str(REPO / "lab" / "inventory" / "lab.yml"), host="lab1", memory=False)
     decode = next(u for u in plan.units if u.role.name == "decode")
     monkeypatch.setattr(systemd, "restart", lambda remote, unit, **kw: Run(unit, "inv-d", 42, 1_000, restarted=False))
     monkeypatch.setattr(gate_module, "gate_runs", lambda remote, supervisor, runs, **kw: {
@@ -82,7 +82,7 @@ def test_closes_asked_for_inside_after_report_wait_for_its_end_and_all_happen() 
 
 
 def _hosts(n: int) -> list[Host]:
-    lab1 = load_plan(str(REPO / "inventory" / "lab.yml"), host="lab1", memory=False).units[0].host
+    lab1 = load_plan(str(REPO / "lab" / "inventory" / "lab.yml"), host="lab1", memory=False).units[0].host
     return [replace(lab1, name=f"lab{i}") for i in range(1, n + 1)]
 
 

@@ -50,7 +50,7 @@ class _Host:
 
 
 def test_a_start_that_times_out_does_not_leave_the_others_ungated(monkeypatch: pytest.MonkeyPatch) -> None:
-    plan = load_plan(str(REPO / "inventory" / "lab.yml"), host="lab1", memory=False)
+    plan = load_plan(str(REPO / "lab" / "inventory" / "lab.yml"), host="lab1", memory=False)
     prefill, decode = (u for u in plan.units if u.role.name in ("prefill", "decode"))
 
     def restart(remote: Any, unit: str, *, was_active: bool, stop_timeout_s: float) -> Run:
@@ -81,7 +81,7 @@ def test_a_ready_run_is_recorded_with_its_processes_in_one_round_trip(monkeypatc
     """Between /health 200 and deploy's return (issue 26): one round trip that finds the processes and
     writes the record, not a probe and then a write (two round trips per host, ~0.65 s at 64 hosts on
     2 cores); on a systemd host a shell's, not the probe's Python (apply/ready_record.py)."""
-    plan = load_plan(str(REPO / "inventory" / "lab.yml"), host="lab1", memory=False)
+    plan = load_plan(str(REPO / "lab" / "inventory" / "lab.yml"), host="lab1", memory=False)
     decode = next(u for u in plan.units if u.role.name == "decode")
     monkeypatch.setattr(systemd, "restart", lambda remote, unit, **kw: Run(unit, "inv-d", 42, 1_000, restarted=False))
     monkeypatch.setattr(gate_module, "gate_runs", lambda remote, supervisor, runs, **kw: {

@@ -14,7 +14,7 @@ from gpudeploy.experiment.spec import load_experiment
 from gpudeploy.experiment.variants import plan_variants
 
 REPO = Path(__file__).resolve().parents[2]
-INVENTORY = REPO / "inventory" / "hosts.yml"  # node171: TP4 prefill + TP4 decode of Qwen3-235B, a router
+INVENTORY = REPO / "lab" / "inventory" / "hosts.yml"  # node171: TP4 prefill + TP4 decode of Qwen3-235B, a router
 
 
 def invoke(*args: str) -> subprocess.CompletedProcess[str]:

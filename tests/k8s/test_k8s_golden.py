@@ -2,7 +2,7 @@
 that refuses what an API server would.
 
 Golden files: ``golden/<name>/`` holds what ``invoke render --target k8s --inventory
-inventory/<name>.yml --out DIR`` writes for the shipped inventories, and for the cases of issue 24
+lab/inventory/<name>.yml --out DIR`` writes for the lab's inventories, and for the cases of issue 24
 (``cases/<name>/inventory.yml``: PD on one node over TCP, PD over RDMA with a named RDMA resource,
 TP16 over two nodes, a router's service discovery). After an intended change of the rendering,
 write them again and review the diff:
@@ -32,20 +32,20 @@ from gpudeploy.model import Role
 
 GOLDEN = Path(__file__).parent / "golden"
 CASES_DIR = Path(__file__).parent / "cases"
-SHIPPED = ["lab", "hosts"]  # inventory/<name>.yml
+SHIPPED = ["lab", "hosts"]  # lab/inventory/<name>.yml
 CASES = sorted(p.name for p in CASES_DIR.iterdir() if (p / "inventory.yml").exists())
 INVENTORIES = SHIPPED + CASES
 
 
 def source(name: str) -> str:
     """The inventory as given on the command line (the header names it so)."""
-    return f"inventory/{name}.yml" if name in SHIPPED else f"tests/k8s/cases/{name}/inventory.yml"
+    return f"lab/inventory/{name}.yml" if name in SHIPPED else f"tests/k8s/cases/{name}/inventory.yml"
 SHARED_CRD = REPO.parent / "shared" / "reference" / "k8s" / "leaderworkerset-crd.yaml"
 
 
 @pytest.fixture(autouse=True)
 def _in_repo(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir(REPO)  # the header names the inventory as given: inventory/<name>.yml
+    monkeypatch.chdir(REPO)  # the header names the inventory as given: lab/inventory/<name>.yml
 
 
 @pytest.mark.parametrize("name", INVENTORIES)
@@ -120,7 +120,7 @@ def test_shipped_lws_schema_is_the_crds() -> None:
 
 
 def lab_lws() -> Manifest:
-    m = render("inventory/lab.yml").manifests["lab"][1]
+    m = render("lab/inventory/lab.yml").manifests["lab"][1]
     assert m.kind == "LeaderWorkerSet"
     return m
 
@@ -161,7 +161,7 @@ def test_lws_metadata_is_checked_as_object_meta() -> None:
 
 
 def test_core_kinds_are_checked_strictly() -> None:
-    m = render("inventory/lab.yml").manifests["lab"][2]
+    m = render("lab/inventory/lab.yml").manifests["lab"][2]
     assert m.kind == "Service"
     doc = copy.deepcopy(m.doc)
     doc["spec"]["ports"][0]["port"] = "30000"

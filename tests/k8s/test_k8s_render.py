@@ -217,9 +217,9 @@ def test_model_from_a_persistent_volume_claim(tmp_path: Path) -> None:
 
 
 def test_cli_prints_the_yaml_without_out_and_refuses_other_targets(tmp_path: Path) -> None:
-    res = invoke("render", "--target", "k8s", "--inventory", "inventory/lab.yml")
+    res = invoke("render", "--target", "k8s", "--inventory", "lab/inventory/lab.yml")
     assert res.returncode == 0, res.stderr
-    assert res.stdout.startswith("# Deployment lab of inventory/lab.yml")
+    assert res.stdout.startswith("# Deployment lab of lab/inventory/lab.yml")
     assert len(docs(res.stdout)) == 9
     res = invoke("render", "--target", "helm")
     assert res.returncode == 1 and "the one target so far is k8s" in res.stderr and "Traceback" not in res.stderr

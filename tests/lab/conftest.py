@@ -107,7 +107,7 @@ def lab() -> Iterator[Lab]:
         labctl.down()
         raise
     the_lab = Lab(hosts=up_hosts(), ssh_key=labctl.SSH_KEY, known_hosts=labctl.KNOWN_HOSTS,
-                  inventory=REPO / "inventory" / "lab.yml")
+                  inventory=REPO / "lab" / "inventory" / "lab.yml")
     yield the_lab
     labctl.down()
 

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.lab
 # -- the main job: the shipped lab inventory, PD pair + router -------------------------------------
 
 def test_pd_pair_and_router_deploy_serve_redeploy_and_teardown(lab: Lab) -> None:
-    inv = str(REPO / "inventory" / "lab.yml")
+    inv = str(REPO / "lab" / "inventory" / "lab.yml")
     try:
         res = gd("deploy", "--inventory", inv, "--host", "lab1")
         assert res.returncode == 0, res.stdout + res.stderr

@@ -86,7 +86,7 @@ def unit_active(lab: Lab, host: str, unit: str) -> str:
 
 def test_real_vllm_two_variants_store_matches_the_clients_json(deployments: Deployments, lab: Lab,
                                                               tmp_path: Path) -> None:
-    roles = {name: yaml.safe_load((REPO / "roles" / f"{name}.yml").read_text()) for name in ("vllm-tiny",
+    roles = {name: yaml.safe_load((REPO / "lab" / "roles" / f"{name}.yml").read_text()) for name in ("vllm-tiny",
                                                                                              "vllm-router")}
     inv = deployments.inventory("vexp", roles, host="lab3")
     exp = write_experiment(tmp_path, inv, {"seqs-1": {"vllm-tiny": {"settings": {"max_num_seqs": 1}}},

@@ -276,7 +276,7 @@ def test_a_reused_pid_in_a_run_record_is_never_signalled(deployments: Deployment
 
 
 def test_plan_and_lab_inventories_name_units_unambiguously() -> None:
-    plan = load_plan(str(REPO / "inventory" / "lab.yml"), memory=False)
+    plan = load_plan(str(REPO / "lab" / "inventory" / "lab.yml"), memory=False)
     assert sorted(u.name for u in plan.units) == [unit_name("lab", r) for r in ("decode", "lab-router", "prefill")]
 
 
@@ -285,7 +285,7 @@ def test_a_host_that_refuses_port_forwarding_is_gated_on_the_host_itself(lab: La
     # The gate's HTTP went through direct-tcpip channels only: on a host with `AllowTcpForwarding no`
     # (rented containers, hardened hosts) every poll was refused and the gate timed out in silence.
     lab.sshd_drop_in("lab1", "00-test-forwarding.conf", "AllowTcpForwarding no\n")
-    inv = str(REPO / "inventory" / "lab.yml")
+    inv = str(REPO / "lab" / "inventory" / "lab.yml")
     try:
         res = gd("deploy", "--inventory", inv, "--host", "lab1", timeout=300)
         out = res.stdout + res.stderr
@@ -293,7 +293,7 @@ def test_a_host_that_refuses_port_forwarding_is_gated_on_the_host_itself(lab: La
         assert "[lab1] the ssh server of lab1 refuses port forwarding" in out, out
         assert "gpudeploy makes its HTTP requests on the host itself" in out, out
         assert "smoke /generate through lab1/lab-router: TTFT" in out, out
-        assert status_json(REPO / "inventory" / "lab.yml", "--host", "lab1")["healthy"]
+        assert status_json(REPO / "lab" / "inventory" / "lab.yml", "--host", "lab1")["healthy"]
     finally:
         gd("teardown", "--inventory", inv, "--host", "lab1", "--purge")
         lab.sshd_drop_in("lab1", "00-test-forwarding.conf", None)

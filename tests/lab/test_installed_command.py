@@ -38,9 +38,10 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert not str(venv).startswith(str(REPO))
     # `pip install <repo>` of a copy: an in-tree build would leave build/ and *.egg-info in the checkout
     source = root / "gpudeploy"
-    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(".git", ".venv", ".bench-venv", "build", "*.egg-info",
-                                                                "__pycache__", ".pytest_cache", ".mypy_cache",
-                                                                ".ruff_cache"))
+    # (links stay links, as in a clone: src/gpudeploy/roles and templates are links to roles/ and templates/)
+    shutil.copytree(REPO, source, symlinks=True,
+                    ignore=shutil.ignore_patterns(".git", ".venv", ".bench-venv", "build", "*.egg-info", "__pycache__",
+                                                  ".pytest_cache", ".mypy_cache", ".ruff_cache"))
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
     res = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "--disable-pip-version-check", str(source)],
                          capture_output=True, text=True, timeout=900)

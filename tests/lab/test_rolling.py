@@ -1,6 +1,6 @@
 """Rolling updates of a serving PD deployment through the real router (issue 23).
 
-Under load on the real SGLang pair (inventory/lab-sglang.yml): no request fails, the router ends
+Under load on the real SGLang pair (lab/inventory/lab-sglang.yml): no request fails, the router ends
 with exactly the planned engines, each new. With stand-in GPU engines: a new engine that fails its
 gate leaves the old ones serving and the router untouched; with no room for a second copy the
 deploy is refused with the expected downtime, and ``--allow-downtime`` restarts plainly.
@@ -27,7 +27,7 @@ from gpudeploy_lab.load import Load
 
 pytestmark = pytest.mark.lab
 
-PAIR = REPO / "inventory" / "lab-sglang.yml"
+PAIR = REPO / "lab" / "inventory" / "lab-sglang.yml"
 ROUTER = "http://10.231.0.13:8000"
 
 
@@ -69,12 +69,12 @@ def serves_at_once(router: str, lab: Lab) -> bool:
 
 
 def changed_pair(root: Path, marker: str, model_path: str | None = None) -> Path:
-    """inventory/lab-sglang.yml with both engines' env changed (so both roll), roles copied beside it;
+    """lab/inventory/lab-sglang.yml with both engines' env changed (so both roll), roles copied beside it;
     ``model_path``: both engines serve that checkpoint instead."""
     inv = yaml.safe_load(PAIR.read_text())
     (root / "roles").mkdir(parents=True, exist_ok=True)
     for name in ("sglang-cpu-prefill", "sglang-cpu-decode", "sglang-cpu-router"):
-        role = yaml.safe_load((REPO / "roles" / f"{name}.yml").read_text())
+        role = yaml.safe_load((REPO / "lab" / "roles" / f"{name}.yml").read_text())
         if name != "sglang-cpu-router":
             role["env"]["GPUDEPLOY_TEST_VERSION"] = marker
             if model_path:

@@ -1,7 +1,7 @@
 """The real SGLang 0.5.23 (CPU build of torch, a tiny model) in the lab, marked ``sglang``.
 
 One PD pair with real KV transfer (mooncake over TCP) behind the real sglang-router serves the
-module's tests (inventory/lab-sglang.yml: prefill lab1, decode lab2, router lab3); the faults run on
+module's tests (lab/inventory/lab-sglang.yml: prefill lab1, decode lab2, router lab3); the faults run on
 lab4, a host of their own, each with the real engine's own lines and gpudeploy's cause for them.
 Every wait is a condition polled against a deadline. The engines are built by
 ``python -m gpudeploy_lab engine`` (scripts/test.sh does, before the lab comes up).
@@ -27,7 +27,7 @@ from gpudeploy_lab.config import NET_PREFIX
 
 pytestmark = [pytest.mark.lab, pytest.mark.sglang]
 
-PAIR = REPO / "inventory" / "lab-sglang.yml"
+PAIR = REPO / "lab" / "inventory" / "lab-sglang.yml"
 HOST = "lab4"  # the faults' host: the pair's hosts keep serving meanwhile
 PROMPTS = ["the gpu server is", "hello world the model", "one two three four"]
 INVOKE = [sys.executable, "-m", "invoke", "--search-root", str(REPO)]
@@ -35,7 +35,7 @@ INVOKE = [sys.executable, "-m", "invoke", "--search-root", str(REPO)]
 
 def real_role(*, settings: dict[str, Any] | None = None, env: dict[str, str] | None = None,
               timeout_s: float = 300, **extra: Any) -> dict[str, Any]:
-    """One real SGLang server on CPU (no PD), as roles/sglang-cpu-prefill.yml without the PD part."""
+    """One real SGLang server on CPU (no PD), as lab/roles/sglang-cpu-prefill.yml without the PD part."""
     role: dict[str, Any] = {
         "engine": "sglang", "tp_size": 1, "gpus": 0, "python": engine.SGLANG_GUEST_PYTHON,
         "model": {"path": engine.GUEST_MODEL},

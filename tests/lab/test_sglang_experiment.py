@@ -1,7 +1,7 @@
 """An experiment on the real SGLang PD pair with SGLang's own client (marked ``sglang``).
 
 `python -m sglang.bench_serving` needs SGLang's runtime: it runs on the router's host from the
-engine's own venv, against the real router in front of the real pair (inventory/lab-sglang.yml).
+engine's own venv, against the real router in front of the real pair (lab/inventory/lab-sglang.yml).
 One variant, one level: what is checked is that the engine's own client measures the real engine.
 """
 
@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.lab, pytest.mark.sglang]
 
 def test_sglang_bench_serving_measures_the_real_pair_through_the_router(lab: Lab, tmp_path: Path) -> None:
     spec = yaml.safe_load((REPO / "experiments" / "lab-sglang.yml").read_text())
-    spec.update(inventory=str(REPO / "inventory" / "lab-sglang.yml"), results=str(tmp_path / "results"),
+    spec.update(inventory=str(REPO / "lab" / "inventory" / "lab-sglang.yml"), results=str(tmp_path / "results"),
                 variants={"running-8": spec["variants"]["running-8"]})
     spec["benchmark"].update(concurrency=[2], prompts=6)
     path = tmp_path / "exp.yml"
@@ -35,5 +35,5 @@ def test_sglang_bench_serving_measures_the_real_pair_through_the_router(lab: Lab
     [level] = variant["levels"]
     assert level["figures"]["completed"] == 6 and level["figures"]["output_tok_s"] > 0, level
     assert "-m sglang.bench_serving" in " ".join(level["client_argv"])
-    st = json.loads(gd("status", "--inventory", str(REPO / "inventory" / "lab-sglang.yml"), "--json").stdout)
+    st = json.loads(gd("status", "--inventory", str(REPO / "lab" / "inventory" / "lab-sglang.yml"), "--json").stdout)
     assert not [u for h in st["hosts"].values() for u in h["units"] if u["state"].startswith("active")], st  # torn down

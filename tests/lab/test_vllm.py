@@ -1,7 +1,7 @@
 """A real inference engine on a lab host: vLLM's CPU build serving a tiny local model, deployed,
 gated, queried, killed the naive way and torn down through the same `invoke` commands a user runs.
 
-One server (roles/vllm-tiny.yml on lab3, deployment ``vllmlab``) is started once for the module and
+One server (lab/roles/vllm-tiny.yml on lab3, deployment ``vllmlab``) is started once for the module and
 shared; the startup-failure test uses a second role on another port that never becomes ready.
 Processes are checked by the unit's cgroup and by PID (with start time), never by name.
 """
@@ -83,7 +83,7 @@ def unit_prop(lab: Lab, unit: str, prop: str) -> str:
 
 
 def roles() -> dict[str, dict[str, Any]]:
-    good = yaml.safe_load((REPO / "roles" / f"{ROLE}.yml").read_text())
+    good = yaml.safe_load((REPO / "lab" / "roles" / f"{ROLE}.yml").read_text())
     bad = json.loads(json.dumps(good))
     bad["ports"] = {"http": PORT + 10}
     bad["settings"]["kv_cache_memory_bytes"] = TOO_MUCH_KV

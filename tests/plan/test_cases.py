@@ -26,7 +26,7 @@ def materialize(case: dict[str, Any], root: Path) -> Path:
     (root / "inventory").mkdir()
     roles_dir = root / "roles"
     roles_dir.mkdir()
-    for path in (REPO / "roles").glob("*.yml"):  # the lab's roles; the packaged ones are found as they are
+    for path in (REPO / "lab" / "roles").glob("*.yml"):  # the lab's roles; the packaged ones are found as they are
         (roles_dir / path.name).write_text(path.read_text())
     for name, role in (case.get("roles") or {}).items():
         text = role if isinstance(role, str) else yaml.safe_dump(role, sort_keys=False)

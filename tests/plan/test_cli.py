@@ -22,15 +22,18 @@ def invoke(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
                           cwd=cwd, capture_output=True, text=True, timeout=60)
 
 
+FLEET = "lab/inventory/hosts.yml"  # node171: a TP4 prefill and a TP4 decode of Qwen3-235B, a router
+
+
 def test_plan_decode_json_on_shipped_inventory() -> None:
-    res = invoke("plan", "--host", "node171", "--role", "decode", "--json")
+    res = invoke("plan", "--inventory", FLEET, "--host", "node171", "--role", "decode", "--json")
     assert res.returncode == 0, res.stderr
     doc = json.loads(res.stdout)
     [decode] = doc["units"]
     assert decode["host"] == "node171" and decode["unit"] == "gpudeploy-pd.decode.service"
     assert len(decode["gpus"]) == 4
 
-    everything = json.loads(invoke("plan", "--host", "node171", "--json").stdout)["units"]
+    everything = json.loads(invoke("plan", "--inventory", FLEET, "--host", "node171", "--json").stdout)["units"]
     prefill = next(u for u in everything if u["role"] == "prefill")
     # All four on one NUMA node, none shared with the prefill, no shared port.
     assert decode["numa_node"] is not None and prefill["numa_node"] != decode["numa_node"]
@@ -65,7 +68,7 @@ def test_bad_input_is_one_clear_message(tmp_path: Path) -> None:
                                                 ("-5", "--timeout must be more than 0 seconds")])
 def test_a_bad_timeout_is_a_message_not_a_traceback_or_ignored(value: str, message: str) -> None:
     # `--timeout abc` was a ValueError traceback; `--timeout 0` was silently the role's timeout.
-    res = invoke("deploy", "--host", "node171", "--timeout", value)
+    res = invoke("deploy", "--inventory", FLEET, "--host", "node171", "--timeout", value)
     assert res.returncode == 1 and message in res.stderr and "Traceback" not in res.stderr, res.stderr
 
 
@@ -81,7 +84,9 @@ def test_list_shows_each_task_with_help() -> None:
 
 
 def _good_inventories() -> list[Path]:
-    return [REPO / "inventory" / "hosts.yml", REPO / "inventory" / "lab.yml"]
+    """The lab's, and the examples a user copies whose hosts run systemd (container.yml's runs none)."""
+    examples = [p for p in sorted((REPO / "inventory").glob("*.yml")) if "supervisor: process" not in p.read_text()]
+    return [REPO / "lab" / "inventory" / "hosts.yml", REPO / "lab" / "inventory" / "lab.yml", *examples]
 
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")

@@ -110,7 +110,7 @@ def test_the_process_supervisor_binds_memory_to_the_gpus_numa_node_like_systemd(
     from gpudeploy.plan.process_spec import spec_text
 
     repo = Path(__file__).resolve().parents[2]
-    plan = load_plan(str(repo / "inventory" / "hosts.yml"), memory=False)
+    plan = load_plan(str(repo / "lab" / "inventory" / "hosts.yml"), memory=False)
     decode = next(u for u in plan.units if u.gpus and u.host.numa_of(u.gpus[0]) == 1)
     assert json.loads(spec_text(decode, "decode"))["numa"] == {"policy": "bind", "nodes": [1]}
     # On the host: the policy set before exec is the server's (numa_maps shows it per mapping).

@@ -28,7 +28,7 @@ OOM = ["[2026-12-01 10:00:00 TP0] Capture cuda graph begin. This can take up to 
 
 
 def two_units() -> tuple[Any, Any]:
-    plan = load_plan(str(REPO / "inventory" / "lab.yml"), host="lab1", memory=False)
+    plan = load_plan(str(REPO / "lab" / "inventory" / "lab.yml"), host="lab1", memory=False)
     prefill, decode = (u for u in plan.units if u.role.name in ("prefill", "decode"))
     return prefill, decode
 

@@ -20,7 +20,7 @@ POLLS_BEFORE = 7  # the backoff (50 ms doubling) polls at ~3.15 s for the 7th ti
 
 
 def test_the_ready_line_wakes_the_health_poll(monkeypatch: pytest.MonkeyPatch) -> None:
-    plan = load_plan(str(REPO / "inventory" / "lab.yml"), host="lab1", memory=False)
+    plan = load_plan(str(REPO / "lab" / "inventory" / "lab.yml"), host="lab1", memory=False)
     unit = next(u for u in plan.units if u.role.name == "decode")
     slow = dataclasses.replace(unit.role, health=dataclasses.replace(unit.role.health, interval_s=30.0))
     unit = dataclasses.replace(unit, role=slow)
@@ -51,7 +51,7 @@ def test_a_warming_server_is_asked_often_so_its_200_is_seen_without_the_ready_li
         monkeypatch: pytest.MonkeyPatch) -> None:
     """While /health answers 503 (HTTP up, warmup running), the gate asks every 50 ms instead of
     backing off: the ready line reaches it through journald up to 250 ms late, or not at all."""
-    plan = load_plan(str(REPO / "inventory" / "lab.yml"), host="lab1", memory=False)
+    plan = load_plan(str(REPO / "lab" / "inventory" / "lab.yml"), host="lab1", memory=False)
     unit = next(u for u in plan.units if u.role.name == "decode")
     slow = dataclasses.replace(unit.role, health=dataclasses.replace(unit.role.health, interval_s=30.0))
     unit = dataclasses.replace(unit, role=slow)

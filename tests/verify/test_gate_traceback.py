@@ -55,7 +55,7 @@ class _Late:
 
 
 def gate_one(supervisor: Any) -> gate.GateResult:
-    plan = load_plan(str(REPO / "inventory" / "lab.yml"), host="lab1", memory=False)
+    plan = load_plan(str(REPO / "lab" / "inventory" / "lab.yml"), host="lab1", memory=False)
     unit = next(u for u in plan.units if u.role.name == "decode")
     results = gate.gate_runs(None, supervisor, [(unit, Run(unit.name, "inv", 42, 1, False))],  # type: ignore[arg-type]
                              on_phase=lambda *a: None, flag_name=lambda u: (lambda n: "--" + n.replace("_", "-")),

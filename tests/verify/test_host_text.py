@@ -25,7 +25,7 @@ from gpudeploy.supervisor.base import Run, Sink
 from gpudeploy.verify import gate, logs, stacks, status
 
 REPO = Path(__file__).resolve().parents[2]
-PLAN = load_plan(str(REPO / "inventory" / "lab.yml"), host="lab1", memory=False)
+PLAN = load_plan(str(REPO / "lab" / "inventory" / "lab.yml"), host="lab1", memory=False)
 DECODE = next(u for u in PLAN.units if u.role.name == "decode")
 FATAL = "RuntimeError: CUDA error: an illegal memory access was encountered"
 

@@ -108,7 +108,7 @@ def test_the_host_asks_its_own_servers_at_the_address_they_listen_on() -> None:
     from gpudeploy.inventory import load_inventory
     from gpudeploy.verify.liveness import local_url
 
-    inv = load_inventory(str(Path(__file__).resolve().parents[2] / "inventory" / "lab.yml"))
+    inv = load_inventory(str(Path(__file__).resolve().parents[2] / "lab" / "inventory" / "lab.yml"))
     host = next(iter(inv.hosts.values()))
     url = f"http://{host.address}:30000/health"
     assert local_url(url, replace(host, bind_address="0.0.0.0")) == "http://127.0.0.1:30000/health"

@@ -13,7 +13,7 @@ from gpudeploy.plan.build import load_plan
 from gpudeploy.verify.liveness import live_urls
 from gpudeploy.verify.status import probe_spec as status_spec
 
-LAB = str(Path(__file__).resolve().parents[2] / "inventory" / "lab.yml")
+LAB = str(Path(__file__).resolve().parents[2] / "lab" / "inventory" / "lab.yml")
 
 
 def test_sglang_is_asked_server_info_then_its_health_and_others_their_own_path() -> None:

@@ -138,7 +138,7 @@ def test_memory_and_progress_lines_of_a_real_start() -> None:
 
 
 def lab_unit() -> Any:
-    plan = load_plan(str(REPO / "inventory" / "lab-sglang.yml"), host="lab1", memory=False)
+    plan = load_plan(str(REPO / "lab" / "inventory" / "lab-sglang.yml"), host="lab1", memory=False)
     return next(u for u in plan.units if u.role.engine == "sglang")
 
 

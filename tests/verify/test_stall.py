@@ -28,7 +28,7 @@ STACK = Stack(4242, "sglang::scheduler_TP0", 'Thread 4242 (idle): "MainThread"\n
 
 
 def unit_with(**health: Any) -> Unit:
-    plan = load_plan(str(REPO / "inventory" / "lab.yml"), host="lab1", memory=False)
+    plan = load_plan(str(REPO / "lab" / "inventory" / "lab.yml"), host="lab1", memory=False)
     u = next(u for u in plan.units if u.role.name == "prefill")
     return replace(u, role=replace(u.role, health=replace(u.role.health, **health)))
 

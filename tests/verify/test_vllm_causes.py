@@ -57,6 +57,6 @@ def test_vllm_phases() -> None:
 
 
 def test_role_log_format_selects_the_table() -> None:
-    role = load_role(REPO / "roles" / "vllm-tiny.yml", [])
+    role = load_role(REPO / "lab" / "roles" / "vllm-tiny.yml", [])
     assert role is not None and role.log_format == "vllm" and log_format(role.log_format) is VLLM
     assert log_format(None).name == "sglang"

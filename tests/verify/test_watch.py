@@ -28,7 +28,7 @@ from gpudeploy.verify import watch
 from gpudeploy.verify.watch import Change, Row, changes
 
 REPO = Path(__file__).resolve().parents[2]
-PLAN = load_plan(str(REPO / "inventory" / "lab.yml"), host="lab1", memory=False)
+PLAN = load_plan(str(REPO / "lab" / "inventory" / "lab.yml"), host="lab1", memory=False)
 LAB1 = PLAN.inventory.hosts["lab1"]
 UNITS = [u for u in PLAN.units if u.host.name == "lab1"]
 DECODE = next(u for u in UNITS if u.role.name == "decode")
@@ -350,7 +350,7 @@ def test_ctrl_c_ends_the_watch_with_130_through_the_command(tmp_path: Path) -> N
 
 def test_watch_and_json_do_not_go_together(tmp_path: Path) -> None:
     res = subprocess.run([sys.executable, "-m", "invoke", "--search-root", str(REPO), "status", "--watch", "--json",
-                          "--inventory", str(REPO / "inventory" / "lab.yml")], capture_output=True, text=True,
+                          "--inventory", str(REPO / "lab" / "inventory" / "lab.yml")], capture_output=True, text=True,
                          timeout=60)
     assert res.returncode == 1
     assert "gpudeploy: --watch is a live view and --json one document: use one of them" in res.stderr

@@ -2,7 +2,7 @@
 file:line; nothing is touched while reading it.
 
     name: lab-vllm                         # default: the file's stem
-    inventory: ../inventory/lab-vllm.yml   # relative to this file
+    inventory: ../lab/inventory/lab-vllm.yml   # relative to this file
     deployment: vllmlab                    # default: the inventory's deployment
     results: ../bench/results/lab-vllm     # default: results/<name> beside this file
     variants:                              # name -> overrides of role keys, in this order
