@@ -1,5 +1,6 @@
 """The documentation against the code: every key the readers accept and every cause the gate can name
-has its entry, the examples and log lines shown are true, and the generated pages are current.
+has its entry, the examples and log lines shown are true, the generated pages are current, and the
+README stays a front page.
 
 docs/gen.py writes the key reference, the troubleshooting page and the commands' flag tables from the
 code's tables and docs/keys.yml / docs/causes.yml; these tests are what keeps the two in step.
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import re
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -26,6 +28,7 @@ from gpudeploy.verify.causes import LOG_FORMATS, classify
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 PACKAGED_ROLES = ROOT / "src" / "gpudeploy" / "roles"
+README_MAX_LINES = 200
 
 
 def _gen() -> ModuleType:
@@ -40,6 +43,22 @@ def _gen() -> ModuleType:
 gen = _gen()
 KEYS = gen.load_keys()
 CAUSES = gen.load_causes()
+
+
+# ---- the README --------------------------------------------------------------------------------
+
+def test_the_readme_is_a_front_page_of_at_most_200_lines() -> None:
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= README_MAX_LINES, (
+        f"README.md has {len(lines)} lines; at most {README_MAX_LINES}: move the detail into docs/")
+
+
+def test_the_readme_links_only_to_files_that_exist() -> None:
+    text = (ROOT / "README.md").read_text()
+    targets = [t for t in re.findall(r"\]\(([^)#\s]+)", text) if "://" not in t]
+    assert targets, "the README links into the documentation"
+    missing = [t for t in targets if not (ROOT / t).exists()]
+    assert not missing, f"README.md links to files that do not exist: {missing}"
 
 
 # ---- keys --------------------------------------------------------------------------------------
