@@ -243,7 +243,7 @@ def causes_block() -> str:
     entries = load_causes()
     rules = rule_causes()
     kinds = sorted(all_cause_kinds())
-    out = ["| cause | engines | what it means |", "|---|---|---|"]
+    out = ["| cause | engines | what deploy says |", "|---|---|---|"]
     entries = {k: entries.get(k, MISSING_CAUSE) for k in kinds}
     for kind in kinds:
         formats = ", ".join(ENGINE_NAMES[f] for f in rules.get(kind, {})) or "any"
