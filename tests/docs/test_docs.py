@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from gpudeploy import inventory as inv
+from gpudeploy import library
 from gpudeploy.errors import InputError, Problem
 from gpudeploy.experiment.spec import load_experiment
 from gpudeploy.memory.modelfacts import model_facts_from_mapping
@@ -27,7 +28,7 @@ from gpudeploy.verify.causes import LOG_FORMATS, classify
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
-PACKAGED_ROLES = ROOT / "src" / "gpudeploy" / "roles"
+PACKAGED_ROLES = library.PACKAGED_ROLES  # wherever the package keeps them (roles/ at the top maps there)
 README_MAX_LINES = 200
 
 
