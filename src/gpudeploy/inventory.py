@@ -57,10 +57,14 @@ from .model import (
 )
 from .yamlsrc import Checker, LineList, LineMap, did_you_mean, load_yaml
 
+# The keys each level of an inventory and a role file may have: every reader below refuses any other
+# (with did-you-mean), and docs/gen.py writes the key reference from these very sets.
+TOP_KEYS = {"deployment", "roles_dir", "templates_dir", "defaults", "hosts"}
 HOST_KEYS = {"address", "ssh", "numa_nodes", "gpu_memory_gib", "engine_versions", "python", "deployment",
              "supervisor", "connection", "kubernetes",
              "bind_address", "numa_policy", "env", "roles"}
 NUMA_KEYS = {"id", "gpus", "cpus", "memory_gib"}
+SSH_KEYS = {"user", "port", "key", "known_hosts", "connect_timeout_s", "proxy_jump"}
 NUMA_POLICIES = ("bind", "preferred", "interleave", "none")
 SUPERVISORS = ("auto", "systemd", "process")
 CONNECTIONS = ("ssh", "local")
@@ -68,6 +72,8 @@ DEFAULT_KEYS = HOST_KEYS - {"address", "numa_nodes", "roles", "deployment"}
 ROLE_KEYS = {"engine", "description", "tp_size", "nnodes", "gpus", "allow_span_numa", "version", "model",
              "settings", "extra_args", "argv", "ports", "upstreams", "env", "secret_env", "health",
              "stop_timeout_s", "log_format", "python", "smoke", "kubernetes"}
+HEALTH_KEYS = {"path", "timeout_s", "interval_s", "drain_s", "stall_s", "on_stall", "py_spy"}
+SMOKE_KEYS = {"endpoint", "prompt", "max_tokens", "timeout_s", "model"}
 INVENTORY_FILE = "hosts.yml"  # what a folder given as the inventory holds
 UPSTREAM_KINDS = ("prefill", "decode", "workers")
 SGLANG_MODEL_KEYS = {"path", "facts"}  # the folder (or hub id) SGLang loads, the memory check's facts
@@ -101,7 +107,7 @@ def load_inventory(path: str | Path, problems: list[Problem] | None = None) -> I
     if len(problems) > before:
         raise InputError(problems)
     top = Checker(data, problems, str(path))
-    top.unknown_keys({"deployment", "roles_dir", "templates_dir", "defaults", "hosts"})
+    top.unknown_keys(TOP_KEYS)
     deployment = top.get("deployment", str, default="default",
                          check=lambda v: None if NAME_RE.fullmatch(v) else NAME_RULE)
     roles_dir = _own_dir(top, "roles_dir", path)
@@ -260,7 +266,7 @@ def _host(name: str, raw: Any, defaults: Checker, problems: list[Problem], file:
     host_deployment = c.get("deployment", str, default=default_deployment,
                             check=lambda v: None if NAME_RE.fullmatch(v) else NAME_RULE)
     ssh_c = c.child("ssh") if "ssh" in c.data else defaults.child("ssh")
-    ssh_c.unknown_keys({"user", "port", "key", "known_hosts", "connect_timeout_s", "proxy_jump"})
+    ssh_c.unknown_keys(SSH_KEYS)
     if "ssh" in c.data and "ssh" in defaults.data:
         # Host ssh settings override the defaults key by key.
         merged = {**defaults.data["ssh"], **c.data["ssh"]}
@@ -443,7 +449,7 @@ def load_role(path: Path, problems: list[Problem]) -> Role | None:
     engine = c.get("engine", str, required=True, default="command",
                    check=lambda v: None if v in ENGINES else f"unknown engine {v!r} (one of {', '.join(ENGINES)})")
     hc = c.child("health")
-    hc.unknown_keys({"path", "timeout_s", "interval_s", "drain_s", "stall_s", "on_stall", "py_spy"})
+    hc.unknown_keys(HEALTH_KEYS)
     default_health = "/readiness" if engine == "sglang_router" else "/health"
     health = Health(
         path=hc.get("path", str, default=default_health,
@@ -574,7 +580,7 @@ def _smoke(c: Checker, engine: str) -> Smoke | None:
     if raw is False or (raw is None and engine != "sglang_router"):
         return None
     sc = c.child("smoke") if isinstance(raw, dict) else Checker({}, c.problems, c.file, role=c.role, prefix="smoke.")
-    sc.unknown_keys({"endpoint", "prompt", "max_tokens", "timeout_s", "model"})
+    sc.unknown_keys(SMOKE_KEYS)
     return Smoke(
         endpoint=sc.get("endpoint", str, default="/generate",
                         check=lambda v: None if v in SMOKE_ENDPOINTS else f"one of {', '.join(SMOKE_ENDPOINTS)}"),

@@ -59,6 +59,11 @@ from ..yamlsrc import Checker, LineList, LineMap, load_yaml
 from .ship import Bundle, read_bundle
 
 CLIENTS = ("sglang", "vllm")
+# The keys of each level of an experiment file (docs/gen.py writes their reference from these sets).
+EXPERIMENT_KEYS = {"name", "inventory", "deployment", "results", "variants", "grid", "benchmark", "slo", "choose"}
+BENCHMARK_KEYS = {"client", "python", "backend", "dataset", "input_len", "output_len", "concurrency", "prompts",
+                  "warmup", "repeats", "seed", "tokenizer", "timeout_s", "extra_args", "remote_dir"}
+CHOOSE_KEYS = {"bisect", "stop_when_gain_below_percent"}
 SLO_METRICS = tuple(f"{stat}_{metric}_ms" for stat in ("median", "p90", "p99")
                     for metric in ("ttft", "tpot", "itl", "e2el"))
 VARIANT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.=,+-]{0,80}")
@@ -144,8 +149,7 @@ def load_experiment(path: str | Path) -> Experiment:
         raise InputError(problems)
     file = str(path)
     top = Checker(data, problems, file)
-    top.unknown_keys({"name", "inventory", "deployment", "results", "variants", "grid", "benchmark", "slo",
-                      "choose"})
+    top.unknown_keys(EXPERIMENT_KEYS)
     name = top.get("name", str, default=path.stem,
                    check=lambda v: None if VARIANT_RE.fullmatch(v) else VARIANT_RULE)
     inventory = top.get("inventory", str, required=True, default="")
@@ -306,8 +310,7 @@ def _positive_int(v: int) -> str | None:
 
 
 def _benchmark(c: Checker, problems: list[Problem]) -> Benchmark:
-    c.unknown_keys({"client", "python", "backend", "dataset", "input_len", "output_len", "concurrency", "prompts",
-                    "warmup", "repeats", "seed", "tokenizer", "timeout_s", "extra_args", "remote_dir"})
+    c.unknown_keys(BENCHMARK_KEYS)
     ladder_raw = c.get("concurrency", list, default=[1, 4, 16])
     ladder: list[int] = []
     for v in ladder_raw or []:
@@ -350,7 +353,7 @@ def _slo(c: Checker) -> dict[str, float]:
 
 
 def _choose(c: Checker) -> Choose:
-    c.unknown_keys({"bisect", "stop_when_gain_below_percent"})
+    c.unknown_keys(CHOOSE_KEYS)
     return Choose(bisect=c.get("bisect", int, default=2, check=lambda v: None if v >= 0 else "must be >= 0"),
                   stop_when_gain_below_percent=c.get("stop_when_gain_below_percent", float,
                                                      check=lambda v: None if v >= 0 else "must be >= 0"))
