@@ -409,14 +409,9 @@ def _placement(item: dict[str, Any], c: Checker, line: int | None, problems: lis
     if not _role_name_ok(role, c, line):
         return None
     instance = pc.get("name", str, check=lambda v: None if NAME_RE.fullmatch(v) else NAME_RULE)
-    for key, name in (("role", role), ("name", instance)):
-        if name is not None and name.endswith(SURGE_SUFFIX):
-            # A rolling update runs an engine's temporary copy as <role>-surge, and the next deploy
-            # stops and removes whatever it finds under that name (apply/surges.py).
-            pc.fail(f"{name!r} ends in {SURGE_SUFFIX!r}, which is reserved for the temporary copies a rolling "
-                    f"update starts (a deploy would take this unit for a leftover copy and remove it); "
-                    f"choose another name, e.g. {name[:-len(SURGE_SUFFIX)]}-spare", key)
-            return None
+    if instance is not None and _surge_name(instance):
+        pc.fail(_surge_name(instance), "name")
+        return None
     gpus = pc.get("gpus", list)
     ports: dict[str, int] = {}
     for kind, value in (pc.get("ports", dict, default={}) or {}).items():
@@ -686,11 +681,26 @@ def _tp_size(c: Checker, default: int | None = None) -> int | None:
 
 
 def _role_name_ok(name: str, c: Checker, line: int | None) -> bool:
-    """A placed role names a file ``roles_dir/<name>.yml``: a plain name, never a path."""
-    if NAME_RE.fullmatch(name):
-        return True
-    c.fail(f"role name {name!r}: {NAME_RULE}; roles are files directly in roles_dir", "roles", line=line)
-    return False
+    """A placed role names a file ``roles_dir/<name>.yml``: a plain name, never a path, and not one a
+    rolling update's copies are named by."""
+    if not NAME_RE.fullmatch(name):
+        c.fail(f"role name {name!r}: {NAME_RULE}; roles are files directly in roles_dir", "roles", line=line)
+        return False
+    if _surge_name(name):
+        c.fail(_surge_name(name), "roles", line=line)
+        return False
+    return True
+
+
+def _surge_name(name: str) -> str:
+    """Why ``name`` cannot name a unit ("" when it can): a rolling update runs an engine's temporary copy
+    as ``<role>-surge``, and the next deploy stops and removes whatever it finds under that name
+    (apply/surges.py)."""
+    if not name.endswith(SURGE_SUFFIX):
+        return ""
+    return (f"{name!r} ends in {SURGE_SUFFIX!r}, which is reserved for the temporary copies a rolling update "
+            f"starts (a deploy would take this unit for a leftover copy and remove it); choose another name, "
+            f"e.g. {name[:-len(SURGE_SUFFIX)]}-spare")
 
 
 def _env(raw: dict[str, Any], c: Checker, key: str, *, removable: bool = False) -> dict[str, Any]:

@@ -64,6 +64,8 @@ def test_a_short_flag_means_one_long_option_on_every_task() -> None:
                 first = meaning.setdefault(short, (arg.name, task))
                 assert first[0] == arg.name, f"-{short} is --{arg.name} on {task} but --{first[0]} on {first[1]}"
     assert meaning["f"][0] == "forks" and meaning["H"][0] == "host" and meaning["r"][0] == "role"
+    # every short flag of the table is given where its option exists (--json's parameter is json_)
+    assert meaning["j"][0] == "json_", meaning  # (invoke names the option after the parameter)
 
 
 def test_no_option_that_skips_a_check_or_removes_something_has_a_short_flag() -> None:

@@ -73,7 +73,8 @@ class Command(Task[Any]):
     def get_arguments(self, ignore_unknown_help: bool | None = None) -> list[Argument]:
         out: list[Argument] = []
         for arg in super().get_arguments(ignore_unknown_help):
-            name = arg.attr_name or arg.name
+            # (a parameter named after a builtin, ``json_``, is the option --json)
+            name = (arg.attr_name or arg.name).rstrip("_")
             names = tuple(arg.names) + ((SHORT[name],) if name in SHORT else ())
             common: dict[str, Any] = dict(names=names, default=arg.default, help=arg.help, positional=arg.positional,
                           optional=arg.optional, incrementable=arg.incrementable, attr_name=arg.attr_name)
