@@ -74,7 +74,7 @@ class Command(Task[Any]):
         out: list[Argument] = []
         for arg in super().get_arguments(ignore_unknown_help):
             # (a parameter named after a builtin, ``json_``, is the option --json)
-            name = (arg.attr_name or arg.name).rstrip("_")
+            name = (arg.attr_name or arg.name or "").rstrip("_")
             names = tuple(arg.names) + ((SHORT[name],) if name in SHORT else ())
             common: dict[str, Any] = dict(names=names, default=arg.default, help=arg.help, positional=arg.positional,
                           optional=arg.optional, incrementable=arg.incrementable, attr_name=arg.attr_name)
