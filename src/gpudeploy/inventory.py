@@ -226,6 +226,13 @@ def _read_role(name: str, request: PlacementRequest, host: str, roles_dir: Path 
                                 line=request.where.line if request.where else None, host=host, role=name,
                                 key="roles"))
 
+    near = library.misnamed(name, roles_dir)
+    if near and (found is None or found.source == library.PACKAGED):
+        # decode.yaml beside a packaged decode.yml: the packaged role (another model) would be deployed
+        instead = f"the packaged {found.path} would be read instead" if found is not None else "no role file is read"
+        fail(f"{', '.join(map(str, near))} is not read as role {name!r}: a role is read from {name}.yml exactly, "
+             f"so {instead}; rename it to {name}.yml")
+        return None
     if found is None:
         known = [r.name for r in library.available_roles(roles_dir)]
         where = f"{roles_dir}/{name}.yml, nor a packaged role" if roles_dir else "packaged role of that name"

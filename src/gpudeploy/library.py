@@ -50,6 +50,20 @@ def find_role(name: str, roles_dir: Path | None) -> RoleFile | None:
     return None
 
 
+def misnamed(name: str, roles_dir: Path | None) -> list[Path]:
+    """Files of the inventory's roles folder that look meant as role ``name`` but are not read as it:
+    ``decode.yaml``, ``Decode.yml`` (a role is read only from ``<name>.yml``, exactly)."""
+    out: list[Path] = []
+    for folder, source in role_dirs(roles_dir):
+        if source == PACKAGED:
+            continue
+        for path in sorted(folder.iterdir()):
+            if path.name != f"{name}.yml" and path.suffix.lower() in (".yml", ".yaml") \
+                    and path.stem.lower() == name.lower():
+                out.append(path)
+    return out
+
+
 def available_roles(roles_dir: Path | None) -> list[RoleFile]:
     """Every role a placement may name, by name: the inventory's roles, then the packaged ones it does
     not override."""

@@ -212,7 +212,9 @@ def unit_memory_verdict(u: Unit, roles_folder: Path | None) -> MemoryVerdict:
     if verdict is None:
         return MemoryVerdict("ok", "", "")
     if verdict == "unknown":
-        return MemoryVerdict("ok", f"memory not checked: {mem.get('reason')}", "")
+        # deploy goes ahead (nothing is known to refuse), but a plan that checked nothing is no "OK"
+        return MemoryVerdict("warn", f"memory not checked: {mem.get('reason')}; give the role model.facts "
+                             "(docs/memory.md) to have it checked", "")
     notes = tuple(str(n) for n in mem.get("notes") or [])
     severity = str(mem.get("severity", "refuse" if verdict != "fits" else "ok"))
     if severity == "refuse":
