@@ -250,3 +250,30 @@ def test_the_probe_lists_a_lost_gpu_and_goes_on(monkeypatch: pytest.MonkeyPatch)
     assert lost["health"]["lost"] is True and lost["total"] is None and lost["bus_id"] == ""
     assert found["devices"][0]["health"]["lost"] is False and found["devices"][2]["bus_id"] == "00000000:42:00.0"
 
+
+def test_facts_shows_each_health_field_and_the_xids_since_boot() -> None:
+    from gpudeploy.facts.host import from_probe
+    from gpudeploy.model import Host, NumaNode, SshConfig
+    from gpudeploy.report import facts_text
+
+    host = Host(name="h100", address="192.0.2.1", ssh=SshConfig(), numa_nodes=(NumaNode(0, (0, 1), "0-15"),),
+                gpu_memory_gib={0: 80.0, 1: 80.0}, engine_versions={}, python="python3", bind_address="0.0.0.0",
+                numa_policy="none", env={}, placements=())
+    healthy = gh.device_health(FakeNvml(), "h")
+    lost = remote_probe.lost_record(1, None, gh.lost_health(NVMLError(15)))
+    facts = from_probe(host, {"gpus": {"devices": [
+        {"index": 0, "name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-0", "bus_id": "00000000:41:00.0", "numa_node": 0,
+         "total": 80 * 2**30, "used": 2**29, "free": 79 * 2**30, "health": healthy}, lost], "processes": []},
+        "xids": {"source": "journal", "error": None, "xids": [
+            {"at": 1765103024.5, "bus": "0000:42:00", "gpu": 1, "xid": 79, "pid": None, "name": None,
+             "text": "NVRM: Xid (PCI:0000:42:00): 79, GPU has fallen off the bus."}]}, "init": "systemd"})
+    assert facts.to_json()["kernel_log"]["xids"][0]["gpu"] == 1
+    text, _ = facts_text({"h100": facts}, {"h100": host})
+    assert ("GPU 0: remapped rows 0 correctable/0 uncorrectable, pending no, failed no; ECC on, uncorrected 0 "
+            "volatile/0 aggregate, corrected 0 volatile; clocks idle; 34 C; PCIe gen5 x16 of gen5 x16; NVLink none"
+            ) in text, text
+    assert "GPU 1: LOST (NVMLError: GPU is lost)" in text
+    assert "    LOST: GPU 1 is lost (NVML answers NVML_ERROR_GPU_IS_LOST" in text
+    assert "kernel log (journalctl -k): 1 Xid line(s) since boot:" in text
+    assert "GPU 1 (0000:42:00.0) reported Xid 79, fell off the bus, at " in text
+    assert "      | NVRM: Xid (PCI:0000:42:00): 79, GPU has fallen off the bus." in text
