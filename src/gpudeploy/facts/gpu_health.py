@@ -403,9 +403,31 @@ def nvml_buses() -> dict[int, str]:
 def kernel_xids(since: float = 0.0, buses: dict[int, str] | None = None) -> dict[str, Any]:
     """The probe's answer: where the kernel log was read, why not, and its Xid lines since ``since``
     with the GPU each names."""
-    source, error, lines = kernel_lines(since, standin_log())
-    return {"source": source, "error": error,
-            "xids": map_xids(xids_in(lines), buses if buses is not None else nvml_buses())}
+    answer: dict[str, Any] = kernel_xids_start(since)(buses)
+    return answer
+
+
+def kernel_xids_start(since: float = 0.0, timeout: float = 60.0) -> Any:
+    """``kernel_xids``, begun now in a thread of its own: returns the function that waits for it and maps
+    its Xids with ``buses`` (None: NVML's own). The probe starts it first and reads every other fact
+    meanwhile: a long-running host's journal takes a while to read (as the GETs' answers do)."""
+    import threading
+
+    box: dict[str, Any] = {}
+
+    def read() -> None:
+        box["read"] = kernel_lines(since, standin_log())
+
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+
+    def answer(buses: dict[int, str] | None) -> dict[str, Any]:
+        thread.join(timeout)
+        source, error, lines = box.get("read") or (None, f"the kernel log was not read within {timeout:g} s", [])
+        return {"source": source, "error": error,
+                "xids": map_xids(xids_in(lines), buses if buses is not None else nvml_buses())}
+
+    return answer
 
 
 # -- following (status --watch) -------------------------------------------------------------------------

@@ -238,13 +238,18 @@ def _gpu_health() -> Any:
     return module
 
 
-def xids(spec: dict[str, Any], devices: list[dict[str, Any]] | None) -> dict[str, Any]:
-    """The driver's Xid lines in the kernel log since ``spec["since"]`` (0: since boot), each with the
-    GPU it names (by the bus ids of ``devices`` where this probe read them, else NVML's own)."""
-    module = _gpu_health()
-    buses = {int(d["index"]): str(d.get("bus_id") or "") for d in devices} if devices is not None else None
-    found: dict[str, Any] = module.kernel_xids(float(spec.get("since") or 0.0), buses)
-    return found
+def xids_start(spec: dict[str, Any]) -> Any:
+    """The driver's Xid lines in the kernel log since ``spec["since"]`` (0: since boot), begun now; the
+    function returned waits for them and gives each the GPU it names, by the bus ids of the devices this
+    probe read (None: it read none, NVML's own)."""
+    begun = _gpu_health().kernel_xids_start(float(spec.get("since") or 0.0))
+
+    def answer(devices: list[dict[str, Any]] | None) -> dict[str, Any]:
+        buses = {int(d["index"]): str(d.get("bus_id") or "") for d in devices} if devices is not None else None
+        found: dict[str, Any] = begun(buses)
+        return found
+
+    return answer
 
 
 def cpu_topology(sysfs: str = "/sys/devices/system/node") -> dict[str, Any]:
@@ -584,6 +589,7 @@ def _process_host() -> Any:
 def main(spec: dict[str, Any]) -> dict[str, Any]:
     http = http_start(spec["http"], float(spec.get("http_timeout", 2.0))) if spec.get("http") else dict
     engine_versions = versions_start(spec["versions"]) if spec.get("versions") else dict
+    kernel = xids_start(spec["xids"]) if spec.get("xids") else None  # a journal's read, meanwhile
     names = list(spec.get("units", []))
     for deployment in spec.get("deployments", []):
         names += [n for n in deployment_units(str(deployment)) if n not in names]
@@ -628,8 +634,7 @@ def main(spec: dict[str, Any]) -> dict[str, Any]:
         "process_units": process_units,
         "reach": reach(spec["reach"]) if spec.get("reach") else [],
         "topology": cpu_topology() if spec.get("topology") else None,
-        "xids": xids(spec["xids"], (nvml or {}).get("devices") if nvml and not nvml.get("error") else None)
-        if spec.get("xids") else None,
+        "xids": kernel((nvml or {}).get("devices") if nvml and not nvml.get("error") else None) if kernel else None,
         "init": init_system(),
         "versions": engine_versions(),  # begun second, as the GETs: their processes ran meanwhile
         "engines": engines(spec["engines"]) if spec.get("engines") else {},
