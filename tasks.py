@@ -16,6 +16,7 @@ part of the installed package).
     invoke experiment --file F [--dry-run] [--resume] [--timeout S]
     invoke experiment.show --file F [--json] [--plot PNG]
     invoke lab.up [--hosts N] | lab.down | lab.status | lab.engine | lab.router | lab.private | lab.sglang | lab.nvml
+        | lab.gpu | lab.xid
 
 Every task but the lab's takes ``--inventory PATH`` (default ``$GPUDEPLOY_INVENTORY``, else
 ``inventory/hosts.yml``) and turns gpudeploy's errors into a message and exit 1, Ctrl-C into exit 130.

@@ -25,6 +25,24 @@ on a real H200, bench/results/h200-power-sampler-2026-12-01.txt: 77 W idle, 118 
 686-697 W at 95-98 % SM in bf16 matmuls, limit 700 W). For the RTX PRO 6000 Blackwell Server Edition
 the limit is its specified 600 W (the field's "~400 W of its 600 W"); its 35 W idle is an assumption.
 ``power_limit_w``/``idle_w`` in gpus.json win.
+
+Health (issue 49), per GPU from its ``"health"`` in gpus.json, a healthy H100's answers where it has none
+(shared/reference/h100-gpu-health-probe.md): ``nvmlDeviceGetRemappedRows`` (0, 0, 0, 0) (or
+``"remapped_rows": [correctable, uncorrectable, pending, failed]``); page retirement NotSupported (row
+remapping replaces it); ECC on, ``"ecc_uncorrected_volatile"``/``"_aggregate"``/``"ecc_corrected_volatile"``
+(0); the clocks event reasons ``"clocks_event_reasons"`` (else 0x1, idle, with no process on the GPU, 0
+with one); ``"temperature_c"`` (else 34 C idle, up to 74 C busy); PCIe ``"pcie": [gen, max gen, width, max
+width]`` (5, 5, 16, 16); NVLink NotSupported unless ``"nvlink_links": N`` (``"nvlink_down": [link, ...]``).
+``"lost": true``: the GPU fell off the bus, every call for it (its handle first, as NVML's docs list for
+nvmlDeviceGetHandleByIndex) raises ``NVMLError_GpuIsLost``; ``"reset_required": true`` likewise
+``NVMLError_ResetRequired`` once a handle is had. gpudeploy_lab.control's ``inject_xid`` writes these with
+the Xid line.
+
+``STANDIN_KERNEL_LOG``: the file that stands for this host's kernel log (``GPUDEPLOY_LAB_KERNEL_LOG``, else
+/var/log/gpudeploy-lab/kernel.log), in ``journalctl -o short-unix`` form. A systemd-nspawn container has no
+kernel log of its own: no /dev/kmsg, CAP_SYSLOG dropped (dmesg: "Operation not permitted"), so its journald
+receives no kernel line, and ``logger`` writes syslog lines that ``journalctl -k`` never shows. gpudeploy's
+probe reads this file instead where the NVML it imports names one.
 """
 
 from __future__ import annotations
@@ -38,6 +56,7 @@ from gpudeploy_lab.standin.common import gpus_json_path, live_records
 
 STANDIN = ("the gpudeploy lab's stand-in NVML: GPUs from /etc/gpudeploy-lab/gpus.json, power and utilisation "
            "modelled from the CPU time of each GPU's processes, not measured")
+STANDIN_KERNEL_LOG = os.environ.get("GPUDEPLOY_LAB_KERNEL_LOG") or "/var/log/gpudeploy-lab/kernel.log"
 # (name contains, limit W, idle W): H200 measured (see the docstring); the RTX PRO 6000's idle assumed
 BOARDS = (("RTX PRO 6000", 600.0, 35.0), ("H200", 700.0, 77.0))
 DEFAULT_BOARD = (700.0, 77.0)
@@ -164,6 +183,8 @@ NVMLError_NotSupported = NVMLError._valClassMapping[NVML_ERROR_NOT_SUPPORTED]
 NVMLError_NotFound = NVMLError._valClassMapping[NVML_ERROR_NOT_FOUND]
 NVMLError_DriverNotLoaded = NVMLError._valClassMapping[NVML_ERROR_DRIVER_NOT_LOADED]
 NVMLError_LibraryNotFound = NVMLError._valClassMapping[NVML_ERROR_LIBRARY_NOT_FOUND]
+NVMLError_GpuIsLost = NVMLError._valClassMapping[NVML_ERROR_GPU_IS_LOST]
+NVMLError_ResetRequired = NVMLError._valClassMapping[NVML_ERROR_RESET_REQUIRED]
 NVMLError_Unknown = NVMLError._valClassMapping[NVML_ERROR_UNKNOWN]
 
 
@@ -278,34 +299,60 @@ def nvmlDeviceGetCount() -> int:
     return len(_data().get("gpus", []))
 
 
+def _health(gpu: dict[str, Any]) -> dict[str, Any]:
+    h = gpu.get("health")
+    return h if isinstance(h, dict) else {}
+
+
+def _reachable(handle: _Handle) -> _Handle:
+    """The handle of a GPU that answers; a lost one raises as the driver's NVML does."""
+    h = _health(handle.gpu)
+    if h.get("lost"):
+        raise NVMLError(NVML_ERROR_GPU_IS_LOST)
+    if h.get("reset_required"):
+        raise NVMLError(NVML_ERROR_RESET_REQUIRED)
+    return handle
+
+
 def nvmlDeviceGetHandleByIndex(index: int) -> _Handle:
     for g in _data().get("gpus", []):
         if int(g["index"]) == int(index):
+            if _health(g).get("lost"):
+                raise NVMLError(NVML_ERROR_GPU_IS_LOST)
             return _Handle(g)
     raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+
+
+nvmlDeviceGetHandleByIndex_v2 = nvmlDeviceGetHandleByIndex
 
 
 def nvmlDeviceGetHandleByUUID(uuid: str | bytes) -> _Handle:
     want = uuid.decode() if isinstance(uuid, bytes) else uuid
     for g in _data().get("gpus", []):
         if g.get("uuid") == want:
+            if _health(g).get("lost"):
+                raise NVMLError(NVML_ERROR_GPU_IS_LOST)
             return _Handle(g)
     raise NVMLError(NVML_ERROR_NOT_FOUND)
 
 
 def nvmlDeviceGetIndex(handle: _Handle) -> int:
+    _reachable(handle)
     return handle.index
 
 
 def nvmlDeviceGetName(handle: _Handle) -> str:
+    _reachable(handle)
     return str(handle.gpu.get("name", "NVIDIA H200"))
 
 
 def nvmlDeviceGetUUID(handle: _Handle) -> str:
+    _reachable(handle)
     return str(handle.gpu.get("uuid", ""))
 
 
 def nvmlDeviceGetPciInfo(handle: _Handle) -> c_nvmlPciInfo_t:
+    _reachable(handle)
     return c_nvmlPciInfo_t(str(handle.gpu.get("pci_bus_id", "")))
 
 
@@ -313,6 +360,7 @@ nvmlDeviceGetPciInfo_v3 = nvmlDeviceGetPciInfo
 
 
 def nvmlDeviceGetNumaNodeId(handle: _Handle) -> int:
+    _reachable(handle)
     numa = handle.gpu.get("numa_node")
     if not isinstance(numa, int) or numa < 0:
         raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
@@ -325,6 +373,7 @@ def _live_records(index: int) -> list[tuple[int, int]]:
 
 
 def nvmlDeviceGetComputeRunningProcesses(handle: _Handle) -> list[c_nvmlProcessInfo_t]:
+    _reachable(handle)
     return [c_nvmlProcessInfo_t(pid, used) for pid, used in _live_records(handle.index)]
 
 
@@ -333,10 +382,12 @@ nvmlDeviceGetComputeRunningProcesses_v2 = nvmlDeviceGetComputeRunningProcesses
 
 
 def nvmlDeviceGetGraphicsRunningProcesses(handle: _Handle) -> list[c_nvmlProcessInfo_t]:
+    _reachable(handle)
     return []
 
 
 def nvmlDeviceGetMemoryInfo(handle: _Handle, version: int | None = None) -> c_nvmlMemory_t:
+    _reachable(handle)
     total = int(handle.gpu["memory_total_bytes"])
     used = min(total, BASELINE_USED + sum(u for _, u in _live_records(handle.index)))
     return c_nvmlMemory_t(total, total - used, used)
@@ -426,12 +477,14 @@ def _limit_w(handle: _Handle) -> float:
 
 
 def nvmlDeviceGetUtilizationRates(handle: _Handle) -> c_nvmlUtilization_t:
+    _reachable(handle)
     busy = _busy(handle.index)
     return c_nvmlUtilization_t(round(100 * busy), round(60 * busy))
 
 
 def nvmlDeviceGetPowerUsage(handle: _Handle) -> int:
     """mW, as NVML gives it."""
+    _reachable(handle)
     held = bool(_live_records(handle.index))
     busy = _busy(handle.index) if held else 0.0
     limit, idle = _board(handle)
@@ -441,6 +494,7 @@ def nvmlDeviceGetPowerUsage(handle: _Handle) -> int:
 
 
 def nvmlDeviceGetEnforcedPowerLimit(handle: _Handle) -> int:
+    _reachable(handle)
     return round(_limit_w(handle) * 1000)
 
 
@@ -448,8 +502,105 @@ nvmlDeviceGetPowerManagementLimit = nvmlDeviceGetEnforcedPowerLimit
 
 
 def nvmlDeviceGetCpuAffinity(handle: _Handle, cpu_set_size: int) -> list[int]:
+    _reachable(handle)
     ncpu = os.cpu_count() or 1
     mask = [0] * cpu_set_size
     for cpu in range(min(ncpu, 64 * cpu_set_size)):
         mask[cpu // 64] |= 1 << (cpu % 64)
     return mask
+
+
+# -- health (issue 49): a healthy H100's answers unless gpus.json says otherwise ----------------------
+
+
+def _check(handle: _Handle) -> dict[str, Any]:
+    return _health(_reachable(handle).gpu)
+
+
+def nvmlDeviceGetRemappedRows(handle: _Handle) -> tuple[int, int, int, int]:
+    rows = _check(handle).get("remapped_rows") or [0, 0, 0, 0]
+    return int(rows[0]), int(rows[1]), int(bool(rows[2])), int(bool(rows[3]))
+
+
+def nvmlDeviceGetRetiredPages(handle: _Handle, sourceFilter: int) -> list[int]:
+    _check(handle)
+    raise NVMLError(NVML_ERROR_NOT_SUPPORTED)  # row remapping replaces page retirement (H100 probe)
+
+
+def nvmlDeviceGetRetiredPagesPendingStatus(handle: _Handle) -> int:
+    _check(handle)
+    raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+
+
+def nvmlDeviceGetEccMode(handle: _Handle) -> list[int]:
+    return list(_check(handle).get("ecc_mode") or [1, 1])
+
+
+NVML_MEMORY_ERROR_TYPE_CORRECTED = 0
+NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
+NVML_VOLATILE_ECC = 0
+NVML_AGGREGATE_ECC = 1
+
+
+def nvmlDeviceGetTotalEccErrors(handle: _Handle, errorType: int, counterType: int) -> int:
+    h = _check(handle)
+    key = {(1, 0): "ecc_uncorrected_volatile", (1, 1): "ecc_uncorrected_aggregate",
+           (0, 0): "ecc_corrected_volatile", (0, 1): "ecc_corrected_aggregate"}.get((int(errorType), int(counterType)))
+    if key is None:
+        raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+    return int(h.get(key) or 0)
+
+
+def nvmlDeviceGetCurrentClocksEventReasons(handle: _Handle) -> int:
+    h = _check(handle)
+    if h.get("clocks_event_reasons") is not None:
+        return int(h["clocks_event_reasons"])
+    return 0 if _live_records(handle.index) else 0x1  # idle with no process on it, as the H100 probe
+
+
+nvmlDeviceGetCurrentClocksThrottleReasons = nvmlDeviceGetCurrentClocksEventReasons
+
+NVML_TEMPERATURE_GPU = 0
+
+
+def nvmlDeviceGetTemperature(handle: _Handle, sensor: int) -> int:
+    h = _check(handle)
+    if h.get("temperature_c") is not None:
+        return int(h["temperature_c"])
+    return round(34 + 40 * _busy(handle.index)) if _live_records(handle.index) else 34
+
+
+def _pcie(handle: _Handle) -> list[int]:
+    return [int(v) for v in (_check(handle).get("pcie") or [5, 5, 16, 16])]
+
+
+def nvmlDeviceGetCurrPcieLinkGeneration(handle: _Handle) -> int:
+    return _pcie(handle)[0]
+
+
+def nvmlDeviceGetMaxPcieLinkGeneration(handle: _Handle) -> int:
+    return _pcie(handle)[1]
+
+
+nvmlDeviceGetGpuMaxPcieLinkGeneration = nvmlDeviceGetMaxPcieLinkGeneration
+
+
+def nvmlDeviceGetCurrPcieLinkWidth(handle: _Handle) -> int:
+    return _pcie(handle)[2]
+
+
+def nvmlDeviceGetMaxPcieLinkWidth(handle: _Handle) -> int:
+    return _pcie(handle)[3]
+
+
+NVML_NVLINK_MAX_LINKS = 18
+
+
+def nvmlDeviceGetNvLinkState(handle: _Handle, link: int) -> int:
+    h = _check(handle)
+    links = int(h.get("nvlink_links") or 0)
+    if not links:
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)  # a PCIe card (the H100 probe's)
+    if not 0 <= int(link) < links:
+        raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+    return 0 if int(link) in (h.get("nvlink_down") or []) else 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from .controlchars import printable
@@ -375,19 +376,19 @@ def memory_figures(lines: list[str]) -> str:
 def status_text(results: dict[str, Any]) -> tuple[str, bool]:
     """One table, grouped by deployment; next to each engine, how its router sees it."""
     from .errors import GpudeployError
-    from .verify.status import fmt_uptime
+    from .verify.status import fmt_uptime, gpu_words
 
-    head = ("DEPLOYMENT", "HOST", "ROLE", "STATE", "PID", "UPTIME", "PORTS", "HEALTH", "ROUTER")
+    head = ("DEPLOYMENT", "HOST", "ROLE", "STATE", "PID", "UPTIME", "PORTS", "HEALTH", "GPUS", "ROUTER")
     rows: list[tuple[str, ...]] = []
     notes: list[str] = []
     ok = True
     for host, res in results.items():
         if isinstance(res, GpudeployError):
-            rows.append(("-", host, "-", "UNREACHABLE", "-", "-", "-", "-", "-"))
+            rows.append(("-", host, "-", "UNREACHABLE", "-", "-", "-", "-", "-", "-"))
             notes.append(f"{host}: {res}")
             continue
         if not res:
-            rows.append(("-", host, "-", "no gpudeploy units", "-", "-", "-", "-", "-"))
+            rows.append(("-", host, "-", "no gpudeploy units", "-", "-", "-", "-", "-", "-"))
         for s in res:
             if s.deployed and not s.healthy:
                 ok = False
@@ -398,7 +399,10 @@ def status_text(results: dict[str, Any]) -> tuple[str, bool]:
             else:
                 router = "; ".join(s.router_view) or "-"
             rows.append((s.deployment, host, s.role, s.state, str(s.main_pid or "-"), fmt_uptime(s.uptime_s), ports,
-                         s.health, router))
+                         s.health, gpu_words(s.gpu_health), router))
+            for g, h in sorted(s.gpu_health.items()):
+                if h["word"] not in ("ok", "-"):
+                    notes.append(f"{host}/{s.role}: GPU {g} {h['word'].upper()}: " + "; ".join(h["why"]))
             if s.gpu_memory:
                 notes.append(f"{host}/{s.role}: GPU memory held by this run: "
                              + ", ".join(f"GPU {g} {v:.1f} GiB" for g, v in sorted(s.gpu_memory.items())))
@@ -442,6 +446,7 @@ def facts_text(results: dict[str, Any], hosts: dict[str, Any]) -> tuple[str, boo
     CPUs and NUMA nodes, init system, engines, and every way it differs from the inventory."""
     from .errors import GpudeployError
     from .facts.check import layout_problems
+    from .facts.health import findings
 
     out: list[str] = []
     ok = True
@@ -454,16 +459,22 @@ def facts_text(results: dict[str, Any], hosts: dict[str, Any]) -> tuple[str, boo
         source = "NVML" + (f", driver {res.driver}" if res.driver else "") if res.source == "nvml" else \
             f"no NVML ({res.nvml_error}): the GPUs below are the INVENTORY's, not read from the host"
         out.append(f"== {name} ({host.address})  init: {res.init}  GPUs: {source}")
-        rows = [("GPU", "NAME", "UUID", "BUS ID", "NUMA", "TOTAL GiB", "USED", "FREE", "PROCESSES")]
+        rows = [("GPU", "NAME", "UUID", "BUS ID", "NUMA", "TOTAL GiB", "USED", "FREE", "HEALTH", "PROCESSES")]
         for g in res.gpus:
             procs = [p for p in res.processes if p["gpu"] == g["index"]]
-            rows.append((str(g["index"]), g["name"], g["uuid"] or "-", g["bus_id"] or "-",
-                         "-" if g["numa_node"] is None else str(g["numa_node"]), f"{g['total'] / 2**30:.1f}",
+            rows.append((str(g["index"]), g["name"] or "-", g["uuid"] or "-", g["bus_id"] or "-",
+                         "-" if g["numa_node"] is None else str(g["numa_node"]),
+                         "-" if g["total"] is None else f"{g['total'] / 2**30:.1f}",
                          "-" if g["used"] is None else f"{g['used'] / 2**30:.1f}",
-                         "-" if g["free"] is None else f"{g['free'] / 2**30:.1f}",
+                         "-" if g["free"] is None else f"{g['free'] / 2**30:.1f}", health_word(g),
                          ", ".join(f"{p['pid']} {p['used'] / 2**30:.1f} GiB {p['cmd'][:40]}" for p in procs) or "-"))
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         out += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+        for g in res.gpus:
+            if isinstance(g.get("health"), dict):
+                out.append(f"  GPU {g['index']}: " + gpu_health_text(g["health"]))
+                out += [f"    {f.word.upper()}: {f.text()}" for f in findings(g)]
+        out += kernel_log_text(res.xids)
         topo = res.topology or {}
         nodes = "; ".join(f"node {n}: {cpus}" for n, cpus in sorted((topo.get("numa_nodes") or {}).items()))
         out.append(f"  CPUs: {topo.get('cpus', '?')}" + (f"  NUMA {nodes}" if nodes else ""))
@@ -475,6 +486,72 @@ def facts_text(results: dict[str, Any], hosts: dict[str, Any]) -> tuple[str, boo
             ok = ok and not problems
             out += [f"  DIFFERS FROM THE INVENTORY: {p}" for p in problems] or ["  matches the inventory's GPUs"]
     return printable("\n".join(out), lines=True), ok  # GPU names, processes' command lines
+
+
+def health_word(device: dict[str, Any]) -> str:
+    """The GPU's health word for the table, in capitals when it is not ok (its reasons follow the table)."""
+    from .facts.health import word
+
+    w = word(device)
+    return w if w in ("ok", "-") else w.upper()
+
+
+def gpu_health_text(h: dict[str, Any]) -> str:
+    """Every health field NVML gave for one GPU, "n/a" where it cannot say (facts/gpu_health.py)."""
+    if h.get("lost") or h.get("reset_required"):
+        return f"{'LOST' if h.get('lost') else 'NEEDS A RESET'} ({h.get('error', '')})"
+    na = "n/a"
+    rows = h.get("remapped_rows")
+    pages = h.get("retired_pages")
+    ecc = h.get("ecc")
+    clocks = h.get("clocks_event_reasons")
+    pcie = h.get("pcie")
+    nvlink = h.get("nvlink")
+
+    def yes(v: Any) -> str:
+        return na if v is None else ("yes" if v else "no")
+
+    parts = [
+        "remapped rows " + (f"{rows['correctable']} correctable/{rows['uncorrectable']} uncorrectable, pending "
+                            f"{yes(rows['pending'])}, failed {yes(rows['failed'])}" if rows else na),
+        *([f"retired pages {pages['single_bit']} single-bit/{pages['double_bit']} double-bit, pending "
+           f"{yes(pages['pending'])}"] if pages else []),
+        "ECC " + (f"{'on' if ecc.get('enabled') else 'off' if ecc.get('enabled') is False else na}, uncorrected "
+                  f"{_n(ecc.get('uncorrected_volatile'))} volatile/{_n(ecc.get('uncorrected_aggregate'))} aggregate, "
+                  f"corrected {_n(ecc.get('corrected_volatile'))} volatile" if ecc else na),
+        "clocks " + (", ".join(clocks["reasons"]) or "no event reason" if clocks else na),
+        f"{h['temperature_c']} C" if h.get("temperature_c") is not None else f"temperature {na}",
+        "PCIe " + (f"gen{_n(pcie.get('gen'))} x{_n(pcie.get('width'))} of gen{_n(pcie.get('max_gen'))} "
+                   f"x{_n(pcie.get('max_width'))}" if pcie else na),
+        "NVLink " + (f"{nvlink['active']}/{nvlink['links']} up"
+                     + (f", down: {nvlink['down']}" if nvlink["down"] else "") if nvlink else "none"),
+    ]
+    return "; ".join(parts)
+
+
+def _n(v: Any) -> str:
+    return "?" if v is None else str(v)
+
+
+def kernel_log_text(kernel: dict[str, Any]) -> list[str]:
+    """The driver's Xid lines since boot, each with its GPU, time, meaning and what to do."""
+    from .verify import xid
+
+    if not kernel:
+        return []
+    if kernel.get("error"):
+        return [f"  kernel log: not read: {kernel['error']}"]
+    found = kernel.get("xids") or []
+    where = {"journal": "journalctl -k", "kmsg": "/dev/kmsg", "dmesg": "dmesg"}.get(str(kernel.get("source")),
+                                                                                   str(kernel.get("source")))
+    if not found:
+        return [f"  kernel log ({where}): no Xid since boot"]
+    out = [f"  kernel log ({where}): {len(found)} Xid line(s) since boot:"]
+    for x in found[-20:]:
+        day = time.strftime("%Y-%m-%d", time.localtime(float(x["at"])))
+        out.append(f"    {day} {xid.sentence(x)}; {xid.todo(x)}")
+        out.append(f"      | {x.get('text', '')}")
+    return out
 
 
 def roles_text(found: list[Any]) -> str:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from gpudeploy import flagspec
-from gpudeploy_lab import config, host, rootfs
+from gpudeploy_lab import config, gpu_faults, host, rootfs
 from gpudeploy_lab.config import Host, PrivateLink, host_named, lab_hosts, repo_root
 from gpudeploy_lab.sshclient import SSH_FAILED, ensure_key, ssh, write_known_hosts
 from gpudeploy_lab.standin import release
@@ -377,6 +377,24 @@ def restore_nvml(name: str | Host) -> None:
         hidden.replace(gpus)
     else:
         write_file(gpus, host.gpus_json(h))
+
+
+def set_gpu_health(name: str | Host, gpu: int, **fields: object) -> dict[str, object]:
+    """What the host's stand-in NVML says of GPU ``gpu``'s health from now on (gpu_faults.set_health:
+    lost, reset_required, remapped_rows, ecc_uncorrected_volatile, clocks_event_reasons, pcie, ...)."""
+    return gpu_faults.set_health(_running_host(name).root, gpu, **fields)
+
+
+def inject_xid(name: str | Host, gpu: int, xid: int, text: str | None = None, pid: int | None = None) -> str:
+    """The driver's Xid ``xid`` for GPU ``gpu`` on the host: the NVML state that goes with it, then the line
+    in the file that stands for its kernel log (gpu_faults.py says why a file); returns the line."""
+    h = _running_host(name)
+    return gpu_faults.inject_xid(h.root, h.name, gpu, xid, text, pid)
+
+
+def restore_gpu_health(name: str | Host) -> None:
+    """Every GPU of the host healthy again and its kernel log empty (as after a reboot)."""
+    gpu_faults.healthy_again(_running_host(name).root)
 
 
 # --- private links (a bastion topology) -----------------------------------------------------------

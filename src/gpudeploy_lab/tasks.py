@@ -1,9 +1,13 @@
 """invoke tasks: ``invoke lab.up --hosts 3 [--private lab2:lab3]``, ``invoke lab.down``, ``invoke lab.status``,
 ``invoke lab.engine``, ``invoke lab.router``, ``invoke lab.private --bastion lab2 --host lab3 [--remove]``,
 ``invoke lab.up --no-systemd lab3``, ``invoke lab.sglang --host lab2 --version 0.5.99 --flags-like 0.5.10
-[--clear]``, ``invoke lab.nvml --host lab2 [--driver-not-loaded] [--restore]``."""
+[--clear]``, ``invoke lab.nvml --host lab2 [--driver-not-loaded] [--restore]``,
+``invoke lab.xid --host lab2 --gpu 0 --xid 79``, ``invoke lab.gpu --host lab2 --gpu 0 --remap pending``
+(``--restore``)."""
 
 from __future__ import annotations
+
+import json
 
 from invoke.collection import Collection
 from invoke.context import Context
@@ -69,6 +73,49 @@ def nvml(c: Context, host: str, restore: bool = False, driver_not_loaded: bool =
         raise Exit(f"lab nvml failed: {exc}", code=1) from exc
 
 
+@task(help={"host": "a running lab host", "gpu": "the GPU's index", "xid": "the Xid to log (79, 48, 94, ...)",
+            "text": "what the driver says after the number (default: its words for that Xid)"})
+def xid(c: Context, host: str, gpu: int, xid: int, text: str = "") -> None:
+    """Log a driver Xid for a host's GPU (its kernel-log stand-in) and set the NVML state that goes with it."""
+    from gpudeploy_lab import control
+
+    try:
+        print(control.inject_xid(host, gpu, xid, text or None))
+    except (LabError, ValueError) as exc:
+        raise Exit(f"lab xid failed: {exc}", code=1) from exc
+
+
+@task(name="gpu", help={"host": "a running lab host", "gpu": "the GPU's index", "lost": "it fell off the bus",
+                        "remap": "pending or failed: a row remap", "ecc": "uncorrected volatile ECC errors",
+                        "pcie_width": "its PCIe link's width now (of x16)", "slowdown": "clocks held down by the "
+                        "hardware (HW_SLOWDOWN)", "restore": "every GPU of the host healthy, its kernel log empty"})
+def gpu_health(c: Context, host: str, gpu: int = 0, lost: bool = False, remap: str = "", ecc: int = 0,
+               pcie_width: int = 0, slowdown: bool = False, restore: bool = False) -> None:
+    """Make a host's (stand-in) GPU unhealthy as NVML would show it; --restore makes every GPU healthy again."""
+    from gpudeploy_lab import control
+
+    try:
+        if restore:
+            control.restore_gpu_health(host)
+            return
+        if remap not in ("", "pending", "failed"):
+            raise ValueError(f"--remap pending or failed, not {remap!r}")
+        fields: dict[str, object] = {}
+        if lost:
+            fields["lost"] = True
+        if remap:
+            fields["remapped_rows"] = [0, 1, int(remap == "pending"), int(remap == "failed")]
+        if ecc:
+            fields["ecc_uncorrected_volatile"] = ecc
+        if pcie_width:
+            fields["pcie"] = [5, 5, pcie_width, 16]
+        if slowdown:
+            fields["clocks_event_reasons"] = 0x8
+        print(json.dumps(control.set_gpu_health(host, gpu, **fields)))
+    except (LabError, ValueError) as exc:
+        raise Exit(f"lab gpu failed: {exc}", code=1) from exc
+
+
 @task(help={"bastion": "the host that relays (e.g. lab2)", "host": "the host behind it (e.g. lab3)",
             "remove": "take the private link away again"})
 def private(c: Context, bastion: str, host: str, remove: bool = False) -> None:
@@ -131,5 +178,6 @@ def router(c: Context) -> None:
         raise Exit(f"lab router failed: {exc}", code=1) from exc
 
 
-lab_collection = Collection("lab", up, down, status, engine_, router, private, sglang_release, nvml)
+lab_collection = Collection("lab", up, down, status, engine_, router, private, sglang_release, nvml, xid,
+                            gpu_health)
 ns = lab_collection

@@ -368,3 +368,51 @@ def test_ctrl_c_that_reached_the_cancel_first_still_ends_the_watch_as_interrupte
     with pytest.raises(KeyboardInterrupt):
         watch.watch_status(PLAN, [LAB1], (), status_text, out=out, stop=stop)
     assert "stopped watching (Ctrl-C); the watch changed nothing on the hosts" in out.getvalue()
+
+
+class FakeKernel:
+    """The kernel-log follower (verify/kernel_watch.py): the test plays the host's kernel."""
+
+    started: list[FakeKernel] = []  # noqa: RUF012
+
+    def __init__(self, remote: Any, since: float, on_xid: Any, on_error: Any) -> None:
+        self.on_xid = on_xid
+        self.closed = False
+        FakeKernel.started.append(self)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_a_new_xid_on_a_serving_units_gpu_shows_within_a_second(host: FakeHost,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 49: an Xid 48 after ready is named in `status --watch` within a second of the kernel line, on
+    the unit whose GPU it is, with the kernel's own line; nothing but the kernel log could tell."""
+    monkeypatch.setattr(watch, "POLL_S", 60.0)
+    monkeypatch.setattr(watch, "KernelWatch", FakeKernel)
+    FakeKernel.started.clear()
+    host.facts = {**facts(), "gpus": {"devices": [{"index": g, "bus_id": f"00000000:{0x41 + g:02X}:00.0",
+                                                   "used": 2**30, "total": 96 * 2**30,
+                                                   "health": {"lost": False, "reset_required": False}}
+                                                  for g in range(8)], "processes": []},
+                  "xids": {"source": "journal", "error": None, "xids": []}}
+    out = Screen()
+    with watching(out):
+        wait_until(lambda: "watching: a death is shown at once" in out.getvalue(), 10, "the first table")
+        kernel = wait_until(lambda: FakeKernel.started[-1] if FakeKernel.started else None, 5, "the kernel follower")
+        assert host.probes[0]["xids"] == {"since": 0}
+        logged = time.time()
+        kernel.on_xid({"at": logged, "bus": "0000:45:00", "xid": 48, "pid": 9, "name": "python3",
+                       "text": "NVRM: Xid (PCI:0000:45:00): 48, pid=9, name=python3, DBE"})
+        said = time.monotonic()
+        text = wait_until(lambda: next((line for line in out.getvalue().splitlines() if "GPU FAULT" in line), None),
+                          5, "the Xid")
+        shown_after = time.monotonic() - said
+    assert shown_after < 1.0, shown_after
+    assert text.split(" ", 1)[1].startswith("lab1/decode: GPU FAULT: GPU 4 (0000:45:00.0) reported Xid 48, an "
+                                            "uncorrectable double-bit ECC memory error, at "), text
+    assert "a hardware fault; next step: reset the GPU" in text and "GPUs 4-7 ok -> 4 failing, 5-7 ok" in text
+    assert "    | " in out.getvalue() and "kernel: NVRM: Xid (PCI:0000:45:00): 48, pid=9, name=python3, DBE" \
+        in out.getvalue()
+    assert "lab1/prefill" not in out.getvalue().split("watching: a death is shown at once", 1)[1]  # not its GPU
+    assert FakeKernel.started[-1].closed  # the follower ends with the watch

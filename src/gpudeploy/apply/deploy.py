@@ -140,6 +140,7 @@ def start_and_gate(remote: Transport, supervisor: Supervisor, units: list[Unit],
     """``stop_it``: how to stop a unit left starting by Ctrl-C, where its role cannot say (a surge copy)."""
     from ..verify.causes import Cause
     from ..verify.gate import GateResult, gate_runs
+    from ..verify.xid import unit_cause
 
     host = remote.host.name
     outcomes: dict[str, UnitOutcome] = {}
@@ -187,10 +188,15 @@ def start_and_gate(remote: Transport, supervisor: Supervisor, units: list[Unit],
         if not gate.ok and gate.cause is not None and gate.cause.kind != "interrupted":
             say(f"[{host}/{u.role.name}] FAILED after {gate.elapsed_s:.1f} s ({gate.phase}): {gate.cause.summary}")
 
+    def hardware(u: Unit, run: Run, engine: Cause | None) -> Cause | None:
+        # the Xids its GPUs reported since this run started (the host's clock), named before the engine's words
+        return unit_cause(reading(remote), u, run.start_us, engine)
+
     try:
         # the gate only reads: it may finish its watch after the host lock is lost (apply/held.py)
         gates = gate_runs(reading(remote), supervisor, started, on_phase=on_phase, flag_name=_flag_name,
-                          timeout_s=opts.timeout_s, cancel=cancel, links=links, on_done=on_done)
+                          timeout_s=opts.timeout_s, cancel=cancel, links=links, on_done=on_done,
+                          hardware=hardware)
     except GpudeployError as exc:  # the watch could not even start (connection lost right then)
         gates = {u.name: GateResult(False, "starting", 0.0, Cause("connection-lost", str(exc)),
                                     died_at=time.monotonic()) for u, _ in started}

@@ -288,6 +288,8 @@ def _run(plan: Plan, sessions: dict[str, HostSession], units: list[Unit], secret
             s.states = s.supervisor.states(s.facts)  # as of the same moment as the GPUs and ports
         preflight.refuse(host, preflight.problems(host, s.units, s.facts, s.states, s.supervisor, force=opts.force)
                 + _unreachable(host, s.facts))
+        for line in preflight.warnings(s.units, s.facts):
+            say(f"[{host.name}] WARNING: {line}")
 
     def check_reach(host: Host) -> None:
         preflight.refuse(host, _unreachable(host, sessions[host.name].facts))

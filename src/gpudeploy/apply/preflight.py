@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import RemoteError
+from ..facts import health
 from ..facts.check import layout_problems, version_problems
 from ..model import Host, Unit
 from ..plan.calibrate import CalibrationStore
@@ -46,6 +47,10 @@ def problems(host: Host, units: list[Unit], facts: dict[str, Any], states: dict[
             out.append(f"cannot check the declared GPUs: {gpus['error']} (--force deploys without the check)")
     elif wanted:
         out += layout_problems(host, gpus.get("devices", []), wanted)
+        if not force:
+            # a GPU that is lost, or whose memory reports uncorrected errors or a row remap to apply:
+            # an engine started there dies or computes on bad memory (facts/health.py)
+            out += health.refusals(gpus.get("devices", []), gpu_roles(units))
     out += version_problems(host, engine_releases(host, units), facts.get("versions") or {})
     mine = {u.name: {p["pid"] for p in states[u.name].procs} for u in units}
     all_mine = set().union(*mine.values()) if mine else set()
@@ -76,6 +81,24 @@ def problems(host: Host, units: list[Unit], facts: dict[str, Any], states: dict[
                 who = ", ".join(str(p) for p in owners)
                 out.append(f"port {port} ({kind} of role {u.role.name}) is already in use by pid {who}")
     return out
+
+
+def gpu_roles(units: list[Unit]) -> dict[int, str]:
+    """GPU index -> the role placed on it (the first, where several share it)."""
+    out: dict[int, str] = {}
+    for u in units:
+        for g in u.gpus:
+            out.setdefault(g, u.role.name)
+    return out
+
+
+def warnings(units: list[Unit], facts: dict[str, Any]) -> list[str]:
+    """What deploy says but does not refuse: a unit's GPU that runs slower than it should (a degraded
+    PCIe link, clocks held down by the hardware, an NVLink down)."""
+    gpus = facts.get("gpus") or {}
+    if gpus.get("error"):
+        return []
+    return health.warnings(gpus.get("devices") or [], gpu_roles(units))
 
 
 def refuse(host: Host, found: list[str]) -> None:

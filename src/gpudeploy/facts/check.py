@@ -24,8 +24,8 @@ def layout_problems(host: Host, devices: list[dict[str, Any]], gpus: list[int] |
         out.append(f"declared GPUs {missing} do not exist (NVML sees {len(real)} GPUs)")
     for g in wanted:
         d = real.get(g)
-        if d is None:
-            continue
+        if d is None or d.get("total") is None:
+            continue  # missing (said above), or lost: NVML cannot read it (facts/health.py says so)
         total = d["total"] / 2**30
         declared = host.gpu_memory_gib.get(g, 0.0)
         if abs(total - declared) > GPU_MEMORY_TOLERANCE * total:

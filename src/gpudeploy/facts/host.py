@@ -1,5 +1,6 @@
-"""`invoke facts`: what a host really has (GPUs through NVML, NUMA, CPUs, init system, engines),
-next to what the inventory says, one probe per host, hosts in parallel."""
+"""`invoke facts`: what a host really has (GPUs through NVML with their health, the driver's Xid lines
+since boot, NUMA, CPUs, init system, engines), next to what the inventory says, one probe per host,
+hosts in parallel."""
 
 from __future__ import annotations
 
@@ -26,11 +27,14 @@ class HostFacts:
     topology: dict[str, Any]
     init: str
     versions: dict[str, Any] = field(default_factory=dict)  # python -> {package: version}
+    # the kernel log's Xid lines since boot: {"source": journal | kmsg | dmesg | a stand-in's file,
+    # "error": why none could be read, "xids": [{"at", "bus", "gpu", "xid", "pid", "name", "text"}]}
+    xids: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {"host": self.host, "source": self.source, "nvml_error": self.nvml_error, "driver": self.driver,
                 "gpus": self.gpus, "processes": self.processes, "topology": self.topology, "init": self.init,
-                "versions": self.versions}
+                "versions": self.versions, "kernel_log": self.xids}
 
 
 def wanted_versions(plan: Plan, host: Host) -> dict[str, list[str]]:
@@ -57,13 +61,13 @@ def from_probe(host: Host, facts: dict[str, Any]) -> HostFacts:
                      source="nvml" if devices else "inventory", nvml_error=gpus.get("error"),
                      processes=gpus.get("processes") or [], driver=gpus.get("driver"),
                      topology=facts.get("topology") or {}, init=str(facts.get("init", "unknown")),
-                     versions=facts.get("versions") or {})
+                     versions=facts.get("versions") or {}, xids=facts.get("xids") or {})
 
 
 def gather(plan: Plan, hosts: list[Host]) -> dict[str, HostFacts | GpudeployError]:
     def one(host: Host) -> HostFacts:
         with connect(host) as remote:
-            return from_probe(host, probe(remote, {"gpus": True, "topology": True,
+            return from_probe(host, probe(remote, {"gpus": True, "topology": True, "xids": {"since": 0},
                                                    "versions": wanted_versions(plan, host)}))
 
     return for_each_host(hosts, one)

@@ -15,13 +15,21 @@ from ..model import Host
 from ..remote.base import Result
 
 # One script: the probe, with the process supervisor's host module in front of it as PROCESS_HOST
-# (a host has no gpudeploy to import it from). Both are read as files, not imported: status starts
-# the probe before it has imported the supervisors and the planner (verify/head_start.py).
+# and the GPU health reader as GPU_HEALTH (a host has no gpudeploy to import them from). All are read
+# as files, not imported: status starts the probe before it has imported the supervisors and the
+# planner (verify/head_start.py).
 _PACKAGE = Path(__file__).resolve().parents[1]
 _FUTURE = "from __future__ import annotations\n"
-_PRELUDE = ("import types\nPROCESS_HOST = types.ModuleType('process_host')\n"
-            f"exec(compile({(_PACKAGE / 'supervisor' / 'process_host.py').read_text()!r}, 'process_host', 'exec'), "
-            "PROCESS_HOST.__dict__)\n")
+
+
+def _module(name: str, path: Path) -> str:
+    return (f"{name.upper()} = types.ModuleType({name!r})\n"
+            f"exec(compile({path.read_text()!r}, {name!r}, 'exec'), {name.upper()}.__dict__)\n")
+
+
+GPU_HEALTH_SOURCE = (_PACKAGE / "facts" / "gpu_health.py").read_text()
+_PRELUDE = ("import types\n" + _module("process_host", _PACKAGE / "supervisor" / "process_host.py")
+            + _module("gpu_health", _PACKAGE / "facts" / "gpu_health.py"))
 SOURCE = (_PACKAGE / "facts" / "remote_probe.py").read_text().replace(_FUTURE, _FUTURE + _PRELUDE, 1)
 
 

@@ -6,8 +6,10 @@ unit's cgroup and exact PIDs. Input: one JSON argument. Output: one JSON documen
     {"units": ["gpudeploy-x.y.service"], "files": ["/etc/..."], "journal_lines": 60,
      "deployments": ["x"],   # also report every unit whose file says X-Gpudeploy-Deployment=x
      "reach": [{"address", "port", ...}],   # can this host open a TCP connection there?
-     "http": {"name": "http://..." | ["http://...", ...]}}   # GETs made on the host itself; of a
+     "http": {"name": "http://..." | ["http://...", ...]},   # GETs made on the host itself; of a
                                              # list, the next is asked when one has no such route
+     "gpus": true,                           # NVML: each GPU, its health (gpu_health.py), its processes
+     "xids": {"since": 1765000000.0}}        # the driver's Xid lines in the kernel log since then (0: boot)
 
 A deployment's units are the ones whose own file names that deployment, compared exactly: a name
 pattern would also match other deployments (``gpudeploy-pd*`` is ``pd-test``'s too).
@@ -173,25 +175,44 @@ def gpus() -> dict[str, Any]:
     def maybe(fn: Any, *args: Any) -> Any:
         try:
             return fn(*args)
-        except Exception:  # NVMLError_NotSupported and friends: unknown, not fatal
+        except Exception as exc:  # NVMLError_NotSupported and friends: unknown, not fatal
+            if health.is_lost(exc):
+                raise
             return None
 
+    health = _gpu_health()
     devices, processes = [], []
     try:
-        driver = maybe(pynvml.nvmlSystemGetDriverVersion)
+        try:
+            driver = pynvml.nvmlSystemGetDriverVersion()
+        except Exception:
+            driver = None
         for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            mem = pynvml.nvmlDeviceGetMemoryInfo(h)
-            pci = maybe(pynvml.nvmlDeviceGetPciInfo, h)
-            record = gpu_record(i, pynvml.nvmlDeviceGetName(h), maybe(pynvml.nvmlDeviceGetUUID, h),
-                                getattr(pci, "busId", None), mem.total, mem.used, getattr(mem, "free", None),
-                                maybe(pynvml.nvmlDeviceGetNumaNodeId, h))
-            devices.append({**record, **load_record(maybe(pynvml.nvmlDeviceGetPowerUsage, h),
-                                                    maybe(pynvml.nvmlDeviceGetEnforcedPowerLimit, h),
-                                                    maybe(pynvml.nvmlDeviceGetUtilizationRates, h))})
-            for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h):
-                info = proc_info(int(p.pid)) or {}
-                processes.append({"gpu": i, "pid": int(p.pid), "used": int(p.usedGpuMemory or 0),
+            # A GPU that fell off the bus answers NVML_ERROR_GPU_IS_LOST (or RESET_REQUIRED) to its
+            # handle or to any call after it: it is listed as lost, never the end of the probe.
+            pci = None
+            try:
+                h = pynvml.nvmlDeviceGetHandleByIndex(i)
+                pci = maybe(pynvml.nvmlDeviceGetPciInfo, h)
+                mem = pynvml.nvmlDeviceGetMemoryInfo(h)
+                record = gpu_record(i, pynvml.nvmlDeviceGetName(h), maybe(pynvml.nvmlDeviceGetUUID, h),
+                                    getattr(pci, "busId", None), mem.total, mem.used, getattr(mem, "free", None),
+                                    maybe(pynvml.nvmlDeviceGetNumaNodeId, h))
+                record.update(load_record(maybe(pynvml.nvmlDeviceGetPowerUsage, h),
+                                          maybe(pynvml.nvmlDeviceGetEnforcedPowerLimit, h),
+                                          maybe(pynvml.nvmlDeviceGetUtilizationRates, h)))
+                record["health"] = health.device_health(pynvml, h)
+                found = [(int(p.pid), int(p.usedGpuMemory or 0)) for p in
+                         pynvml.nvmlDeviceGetComputeRunningProcesses(h)]
+            except Exception as exc:
+                if not health.is_lost(exc):
+                    raise
+                devices.append(lost_record(i, getattr(pci, "busId", None), health.lost_health(exc)))
+                continue
+            devices.append(record)
+            for pid, used in found:
+                info = proc_info(pid) or {}
+                processes.append({"gpu": i, "pid": pid, "used": used,
                                   "cmd": info.get("cmd", ""), "start_ticks": info.get("start_ticks")})
     finally:
         pynvml.nvmlShutdown()
@@ -199,6 +220,36 @@ def gpus() -> dict[str, Any]:
     standin = getattr(pynvml, "STANDIN", None)
     return {"source": "nvml", "error": None, "driver": text(driver) if driver else None, "devices": devices,
             "processes": processes, "standin": str(standin) if standin else None}
+
+
+def lost_record(index: int, bus_id: Any, health: dict[str, Any]) -> dict[str, Any]:
+    """A GPU NVML lists but cannot read: what is known of it (its index; its bus id if NVML gave it)."""
+    return {"index": index, "name": "", "uuid": "", "bus_id": text(bus_id) if bus_id is not None else "",
+            "total": None, "used": None, "free": None, "numa_node": None, "power_w": None, "power_limit_w": None,
+            "sm_util_pct": None, "mem_util_pct": None, "health": health}
+
+
+def _gpu_health() -> Any:
+    """The GPU health reader (facts/gpu_health.py): prepended to this script as GPU_HEALTH when it is
+    sent to a host (facts/probe.py), imported when this runs inside gpudeploy (tests)."""
+    module = globals().get("GPU_HEALTH")
+    if module is None:
+        from gpudeploy.facts import gpu_health as module
+    return module
+
+
+def xids_start(spec: dict[str, Any]) -> Any:
+    """The driver's Xid lines in the kernel log since ``spec["since"]`` (0: since boot), begun now; the
+    function returned waits for them and gives each the GPU it names, by the bus ids of the devices this
+    probe read (None: it read none, NVML's own)."""
+    begun = _gpu_health().kernel_xids_start(float(spec.get("since") or 0.0))
+
+    def answer(devices: list[dict[str, Any]] | None) -> dict[str, Any]:
+        buses = {int(d["index"]): str(d.get("bus_id") or "") for d in devices} if devices is not None else None
+        found: dict[str, Any] = begun(buses)
+        return found
+
+    return answer
 
 
 def cpu_topology(sysfs: str = "/sys/devices/system/node") -> dict[str, Any]:
@@ -538,6 +589,7 @@ def _process_host() -> Any:
 def main(spec: dict[str, Any]) -> dict[str, Any]:
     http = http_start(spec["http"], float(spec.get("http_timeout", 2.0))) if spec.get("http") else dict
     engine_versions = versions_start(spec["versions"]) if spec.get("versions") else dict
+    kernel = xids_start(spec["xids"]) if spec.get("xids") else None  # a journal's read, meanwhile
     names = list(spec.get("units", []))
     for deployment in spec.get("deployments", []):
         names += [n for n in deployment_units(str(deployment)) if n not in names]
@@ -567,6 +619,7 @@ def main(spec: dict[str, Any]) -> dict[str, Any]:
                              for r in record.get("pids", []))]
     process_units = _process_host().unit_facts(list(spec.get("units", [])), list(spec.get("deployments", [])),
                                                int(spec.get("journal_lines", 60)))
+    nvml = gpus() if spec.get("gpus") else None  # after the units' processes: a worker forked meanwhile
     return {
         "recorded": write_records(list(spec.get("records", [])), units, process_units),
         "systemd": os.path.isdir("/run/systemd/system"),
@@ -577,10 +630,11 @@ def main(spec: dict[str, Any]) -> dict[str, Any]:
         "units": units,
         "files": {p: file_hash(p) for p in spec.get("files", [])},
         "listening": {str(k): v for k, v in listening_ports().items()} if spec.get("ports") else {},
-        "gpus": gpus() if spec.get("gpus") else None,
+        "gpus": nvml,
         "process_units": process_units,
         "reach": reach(spec["reach"]) if spec.get("reach") else [],
         "topology": cpu_topology() if spec.get("topology") else None,
+        "xids": kernel((nvml or {}).get("devices") if nvml and not nvml.get("error") else None) if kernel else None,
         "init": init_system(),
         "versions": engine_versions(),  # begun second, as the GETs: their processes ran meanwhile
         "engines": engines(spec["engines"]) if spec.get("engines") else {},

@@ -93,7 +93,7 @@ def init_inventory(opts: InitOptions) -> tuple[str, bool]:
     hosts = [_probe_host(address, user, port, opts) for user, address, port in targets]
     if len({h.address for h in hosts}) != len(hosts):
         raise InputError([Problem("a host is given twice", key="--host")])
-    spec = {"gpus": True, "topology": True,
+    spec = {"gpus": True, "topology": True, "xids": {"since": 0},
             "engines": {"pythons": [*([opts.python] if opts.python else []), *PYTHONS],
                         "packages": list(ENGINE_PACKAGES)}}
 
@@ -149,6 +149,12 @@ def _summary(f: Found) -> str:
     gpus = f"{len(f.gpus)} GPUs ({', '.join(sorted({str(g.get('name')) for g in f.gpus}))})" if f.gpus else \
         f"no GPUs listed: {f.nvml_error or 'NVML lists none'} (placeholders marked TODO)"
     fake = "; its NVML says it is a stand-in" if f.standin else ""
+    if f.gpus and any(isinstance(g.get("health"), dict) for g in f.gpus):
+        from ..facts.health import grouped, word
+
+        gpus += f"; GPU health {grouped({int(g['index']): word(g) for g in f.gpus})}"
+    logged = f.kernel.get("xids") or []
+    gpus += f"; {len(logged)} Xid line(s) in the kernel log since boot" if logged else ""
     eng = engines(f)
     where = f"; engines at {eng.python}: " + (", ".join(f"{k} {v}" for k, v in eng.versions.items()) or "vllm") \
         if eng.python else "; no SGLang or vLLM found (TODO)"

@@ -35,6 +35,7 @@ class Found:
     cpus: int | None
     init: str  # "systemd", or "none (PID 1 is ...)"
     engines: dict[str, dict[str, Any]] = field(default_factory=dict)  # python -> {package: version}
+    kernel: dict[str, Any] = field(default_factory=dict)  # the kernel log's Xid lines since boot (gpu_health.py)
 
 
 def from_probe(name: str, address: str, user: str | None, port: int | None, facts: dict[str, Any]) -> Found:
@@ -48,7 +49,8 @@ def from_probe(name: str, address: str, user: str | None, port: int | None, fact
                  gpus=tuple(g.get("devices") or ()), nvml_error=g.get("error") if not g.get("devices") else None,
                  standin=g.get("standin"), driver=g.get("driver"), processes=tuple(g.get("processes") or ()),
                  cpu_nodes=nodes, cpus=topo.get("cpus"), init=str(facts.get("init") or "unknown"),
-                 engines={str(p): v for p, v in (facts.get("engines") or {}).items() if isinstance(v, dict)})
+                 engines={str(p): v for p, v in (facts.get("engines") or {}).items() if isinstance(v, dict)},
+                 kernel=facts.get("xids") or {})
 
 
 def host_name(hostname: str, address: str, taken: set[str]) -> str:

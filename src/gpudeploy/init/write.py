@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from ..facts import health
 from .found import Found, engines, gpu_memory, numa_nodes, numa_policy, starter_roles
 
 
@@ -77,7 +78,13 @@ def _host_block(f: Found, python: str | None, router: bool) -> tuple[list[str], 
         used = f", {int(g['used']) / 2**30:.1f} GiB in use" if g.get("used") and int(g["used"]) > 2**30 else ""
         out += comment(f"  GPU {g['index']}: {g.get('name') or '?'}, PCI {g.get('bus_id') or '?'}, "
                        f"NUMA {g.get('numa_node') if g.get('numa_node') is not None else '?'}, "
-                       f"{int(g.get('total') or 0) / 2**30:.1f} GiB, {g.get('uuid') or ''}{used}", "    ")
+                       f"{int(g.get('total') or 0) / 2**30:.1f} GiB, {g.get('uuid') or ''}{used}"
+                       + (f", health {health.word(g)}" if health.word(g) != "-" else ""), "    ")
+        for finding in health.findings(g):
+            out += comment(f"  TODO: {finding.text()}", "    ")
+    for x in (f.kernel.get("xids") or [])[-5:]:
+        out += comment(f"  the kernel logged since boot: {_clean(str(x.get('text') or ''))} (GPU {x.get('gpu', '?')})",
+                       "    ")
     for p in f.processes:
         out += comment(f"  TODO: GPU {p.get('gpu')} holds a process already: pid {p.get('pid')} "
                        f"({int(p.get('used') or 0) / 2**30:.1f} GiB, {str(p.get('cmd') or '?')[:60]}); "

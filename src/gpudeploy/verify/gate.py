@@ -101,6 +101,9 @@ OnPhase = Callable[[Unit, str, float, str, "float | None"], None]
 OnDone = Callable[[Unit, "GateResult"], None]
 # (unit, what to say): a start that stalled and is waited on (health.on_stall: wait), or moves again
 OnStall = Callable[[Unit, str], None]
+# (unit, its run, the engine's own cause) -> the cause with its GPUs' hardware faults named first
+# (verify/xid.py: the Xids logged since the run started), or None when its GPUs reported none
+Hardware = Callable[[Unit, Run, "Cause | None"], "Cause | None"]
 STALL_CHECK_S = 1.0  # how often each gate asks its run's clock whether it stalled
 
 
@@ -230,12 +233,14 @@ class _Watch:
 def gate_runs(remote: Transport, supervisor: Supervisor, runs: list[tuple[Unit, Run]], *, on_phase: OnPhase,
               flag_name: Callable[[Unit], FlagName], timeout_s: float | None = None,
               cancel: Cancel | None = None, links: GroupLinks | None = None,
-              on_done: OnDone | None = None, on_stall: OnStall | None = None) -> dict[str, GateResult]:
+              on_done: OnDone | None = None, on_stall: OnStall | None = None,
+              hardware: Hardware | None = None) -> dict[str, GateResult]:
     """Gate every run of ``runs`` (all on ``remote``'s host) at once; unit name -> result.
 
     ``links`` joins the gates of a multi-node group's ranks on other hosts to these; ``on_done`` hears
     each unit's result as soon as it is known (a death is said then, not when the slowest is ready);
-    ``on_stall`` hears a stall that is waited on, and its end (default: said as a line of its own)."""
+    ``on_stall`` hears a stall that is waited on, and its end (default: said as a line of its own);
+    ``hardware`` names the GPU faults behind a death, a stall or a timeout before the engine's words."""
     tell = on_stall or _say_stall
     watches = {u.name: _Watch(u, r, on_phase, links) for u, r in runs}
     for w in watches.values():
@@ -247,13 +252,14 @@ def gate_runs(remote: Transport, supervisor: Supervisor, runs: list[tuple[Unit, 
 
     def one(w: _Watch) -> None:
         w.on_resume = lambda quiet_s: tell(w.unit, f"moving again after {quiet_s:.0f} s stalled in {w.phase}")
-        threading.Thread(target=_watch_for_stall, args=(remote, supervisor, w, tell), daemon=True).start()
+        threading.Thread(target=_watch_for_stall, args=(remote, supervisor, w, tell, hardware), daemon=True).start()
         try:
             results[w.unit.name] = _gate_one(remote, supervisor, w, flag_name(w.unit), timeout_s, cancel)
         except Exception as exc:  # never lose the other units' results to one unit's surprise
             results[w.unit.name] = GateResult(False, w.phase, time.monotonic() - w.t0, Cause(
                 "gate-error", f"the gate itself failed: {type(exc).__name__}: {exc}", tuple(w.lines[-5:]),
                 "`invoke status` shows the unit's state; please report this error"), w.lines)
+        _name_hardware(hardware, w, results[w.unit.name])
         if links is not None and not results[w.unit.name].ok:
             links.failed(w.unit)  # its gate gave up: the other ranks' gates need not wait
         if on_done is not None:
@@ -334,9 +340,28 @@ def _gate_one(remote: Transport, supervisor: Supervisor, watch: _Watch, flag_nam
     return GateResult(False, watch.phase, elapsed, cause, watch.lines)
 
 
-def _watch_for_stall(remote: Transport, supervisor: Supervisor, watch: _Watch, tell: OnStall) -> None:
+# A gate that ended for these reasons has no GPU to blame: nothing is asked of the host.
+NOT_THE_GPU = ("interrupted", "connection-lost", "start-failed")
+
+
+def _name_hardware(hardware: Hardware | None, watch: _Watch, result: GateResult) -> None:
+    """A failed run's cause with its GPUs' hardware faults first (in the gate's own thread: each unit
+    asks its host once, while the others still wait)."""
+    if hardware is None or result.ok or (result.cause is not None and result.cause.kind in NOT_THE_GPU):
+        return
+    try:
+        named = hardware(watch.unit, watch.run, result.cause)
+    except Exception:  # the engine's own cause stands: a failed look at the kernel log changes nothing
+        named = None
+    if named is not None:
+        result.cause = named
+
+
+def _watch_for_stall(remote: Transport, supervisor: Supervisor, watch: _Watch, tell: OnStall,
+                     hardware: Hardware | None = None) -> None:
     """Until the gate ends: when the run has not moved for its phase's ``health.stall_s``, read its
-    stacks and report it; with ``health.on_stall: stop`` the gate then gives up on it."""
+    stacks and report it, its GPUs' hardware faults first; with ``health.on_stall: stop`` the gate then
+    gives up on it."""
     health = watch.unit.role.health
     while not watch.stop.wait(STALL_CHECK_S):
         quiet = watch.clock.stalled(health.stall_after(watch.phase))
@@ -351,7 +376,14 @@ def _watch_for_stall(remote: Transport, supervisor: Supervisor, watch: _Watch, t
             watch.stalled = True
             watch.stop.set()
             return
-        tell(watch.unit, stall.report())
+        named = None
+        if hardware is not None:
+            try:
+                named = hardware(watch.unit, watch.run, None)  # the stall report says the rest
+            except Exception:
+                named = None
+        faults = [f"{named.summary}; next step: {named.next_step}"] if named is not None else []
+        tell(watch.unit, "\n".join([*faults, stall.report()]))
 
 
 def _say_stall(unit: Unit, text: str) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 
 from ..controlchars import printable
 from ..errors import GpudeployError
+from ..facts import health as nvml_health
 from ..facts.probe import probe
 from ..fanout import for_each_host
 from ..model import Host, Plan, Unit
@@ -15,7 +16,8 @@ from ..plan.build import deployments
 from ..remote import connect, openssh
 from ..supervisor import for_host
 from ..supervisor.base import UnitState
-from .causes import classify, log_format
+from . import xid
+from .causes import Cause, classify, log_format
 from .head_start import HeadStart
 from .http import status_of
 from .liveness import live_urls, local_url
@@ -49,6 +51,10 @@ class UnitStatus:
     # used_gib), for the unit's GPUs; empty without NVML. gpu_standin: the NVML there is a stand-in's.
     gpu_load: dict[int, dict[str, Any]] = field(default_factory=dict)
     gpu_standin: str | None = None
+    # GPU -> {"word": ok | degraded | failing | lost | "-", "why": [...]} of the unit's GPUs (NVML, and
+    # the Xids that came while its run served: verify/xid.py); empty without NVML or GPUs
+    gpu_health: dict[int, dict[str, Any]] = field(default_factory=dict)
+    xids: list[dict[str, Any]] = field(default_factory=list)  # its GPUs' Xids since its run started
 
     def to_json(self) -> dict[str, Any]:
         return {"host": self.host, "unit": self.unit, "role": self.role, "deployment": self.deployment,
@@ -59,7 +65,8 @@ class UnitStatus:
                 "orphans": [{"pid": p["pid"], "cmd": p["cmd"]} for p in self.orphans],
                 "last_failure": self.last_failure, "next_step": self.next_step,
                 "group": self.group, "group_down": self.group_down,
-                "gpus": {str(g): v for g, v in self.gpu_load.items()}, "gpu_standin": self.gpu_standin}
+                "gpus": {str(g): v for g, v in self.gpu_load.items()}, "gpu_standin": self.gpu_standin,
+                "gpu_health": {str(g): v for g, v in self.gpu_health.items()}, "xids": self.xids}
 
 
 def status(plan: Plan, hosts: list[Host], group_hosts: tuple[str, ...] = (), early: HeadStart | None = None
@@ -127,8 +134,12 @@ def probe_spec(host: Host, units: list[Unit], deployment_names: list[str], *, li
     http.update({f"{u.name}#workers": local_url(f"http://{u.host.address}:{u.ports['http']}/workers", host)
                  for u in units if u.role.engine == "sglang_router" and "http" in u.ports})
     journal_lines = 1 if light else max([log_format(u.role.log_format).journal_lines for u in units] + [60])
-    return {"units": [u.name for u in units], "deployments": deployment_names, "journal_lines": journal_lines,
-            "http": http, "http_timeout": STATUS_HTTP_S, "gpus": not light and any(u.gpus for u in units)}
+    gpus = not light and any(u.gpus for u in units)
+    spec = {"units": [u.name for u in units], "deployments": deployment_names, "journal_lines": journal_lines,
+            "http": http, "http_timeout": STATUS_HTTP_S, "gpus": gpus}
+    if gpus:  # the driver's Xid lines since boot: each unit's are those since its run started
+        spec["xids"] = {"since": 0}
+    return spec
 
 
 def host_status(host: Host, units: list[Unit], deployment_names: list[str], default: str,
@@ -164,11 +175,47 @@ def read_facts(host: Host, units: list[Unit], facts: dict[str, Any], default: st
             if p["pid"] in mine:
                 s.gpu_memory[p["gpu"]] = round(s.gpu_memory.get(p["gpu"], 0.0) + p["used"] / 2**30, 2)
         s.gpu_load, s.gpu_standin = gpu_load(nvml, set(unit.gpus) if unit else set(s.gpu_memory))
+        if unit is not None and unit.gpus and nvml.get("devices") is not None and not nvml.get("error"):
+            gpu_health(s, st, unit, nvml, facts.get("xids") or {})
         workers = facts.get("http", {}).get(f"{name}#workers")
         if workers is not None and workers.get("status") == 200:
             s.workers = parse_workers(workers.get("json"))
         out.append((s, st))
     return out
+
+
+def run_start(st: UnitState) -> float | None:
+    """When the unit's current (or last) run started, by the host's clock, from deploy's run record of
+    it; None when the record is of another run."""
+    record = st.record or {}
+    if record.get("started_us") and record.get("invocation") == st.run_id:
+        return float(record["started_us"]) / 1e6
+    return None
+
+
+def gpu_health(s: UnitStatus, st: UnitState, unit: Unit, nvml: dict[str, Any], kernel: dict[str, Any]) -> None:
+    """Each of the unit's GPUs' one word, and the Xids its GPUs reported since its run started: a run that
+    failed names them first in its last failure (verify/xid.py)."""
+    since = run_start(st)
+    s.xids = xid.on_gpus(kernel.get("xids") or [], unit.gpus, since) if since is not None else []
+    devices = {int(d["index"]): d for d in nvml.get("devices") or [] if "index" in d}
+    for g in unit.gpus:
+        d = devices.get(g)
+        mine = [x for x in s.xids if x.get("gpu") in (g, None)] if st.active else []
+        why = [f.fact for f in nvml_health.findings(d)] if d is not None else [
+            "NVML does not list it (it fell off the bus, or the inventory names a GPU the host lacks: `invoke facts`)"]
+        why += [xid.sentence(x) for x in mine if xid.xid_word(int(x["xid"])) != "ok"]
+        s.gpu_health[g] = {"word": xid.gpu_word(d, mine) if d is not None else "lost", "why": why}
+    if st.failed and s.xids:
+        engine = Cause("", s.last_failure or "", tuple(s.failure_lines), s.next_step or "")
+        named = xid.cause(s.xids, engine if s.last_failure else None)
+        if named is not None:
+            s.last_failure, s.next_step, s.failure_lines = named.summary, named.next_step, list(named.evidence)
+
+
+def gpu_words(found: dict[int, dict[str, Any]]) -> str:
+    """Each GPU's health word, runs of GPUs with the same word together: "0-3 ok", "0 ok, 1 failing, 2-3 ok"."""
+    return nvml_health.grouped({g: h["word"] for g, h in found.items()})
 
 
 def gpu_load(nvml: dict[str, Any], gpus: set[int]) -> tuple[dict[int, dict[str, Any]], str | None]:

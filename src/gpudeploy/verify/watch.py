@@ -30,6 +30,8 @@ from typing import Any, TextIO
 from .. import interrupt
 from ..controlchars import printable
 from ..errors import GpudeployError, RemoteError
+from ..facts.gpu_health import map_xids
+from ..facts.health import worst
 from ..facts.probe import probe
 from ..fanout import Cancel
 from ..model import Host, Plan, Unit
@@ -38,8 +40,10 @@ from ..remote import connect
 from ..remote.base import Transport
 from ..supervisor import for_host
 from ..supervisor.base import Run, Supervisor, UnitState
+from . import xid
 from .causes import Cause, classify, log_format
-from .status import UnitStatus, across_hosts, probe_spec, read_facts
+from .kernel_watch import KernelWatch
+from .status import UnitStatus, across_hosts, gpu_words, probe_spec, read_facts
 
 POLL_S = 2.0  # the light poll: states, /health (SGLang's takes >= 1 s: it generates), /workers
 STREAM_STATE_POLL_S = 10.0  # the supervisor watch's own state poll, a backup: the stream says a death at once
@@ -67,6 +71,9 @@ class Row:
     next_step: str | None = field(default=None, compare=False)
     lines: tuple[str, ...] = field(default=(), compare=False)  # the log lines that show the failure
     group_down: str | None = None
+    gpus: str = "-"  # each GPU's health word (status.gpu_words)
+    xid: str | None = None  # the last Xid its GPUs reported while it served, and what to do
+    xid_line: tuple[str, ...] = field(default=(), compare=False)  # that Xid's kernel line
 
 
 def row_of(s: UnitStatus) -> Row:
@@ -76,8 +83,11 @@ def row_of(s: UnitStatus) -> Row:
                   + (f" ({', '.join(bad)} not)" if bad else ""))
     else:
         router = "; ".join(s.router_view)
+    last = s.xids[-1] if s.xids else None
     return Row(f"{s.host}/{s.role}", s.state, s.main_pid, s.health, router, s.last_failure, s.next_step,
-               tuple(s.failure_lines), s.group_down)
+               tuple(s.failure_lines), s.group_down, gpu_words(s.gpu_health),
+               f"{xid.sentence(last)}; next step: {xid.todo(last)}" if last else None,
+               (xid.kernel_line(last),) if last else ())
 
 
 Snapshot = dict[str, "Row | str"]  # unit key (host + unit name) -> its row; a host -> why it is unreachable, or ""
@@ -150,9 +160,14 @@ def _unit_change(old: Row, new: Row, at: float) -> Change:
     if old.group_down != new.group_down:
         parts.append(f"its group is down: {new.group_down}" if new.group_down else "its group is whole again")
     lines: tuple[str, ...] = ()
+    if new.xid and new.xid != old.xid:  # a GPU fault while it serves: first, with the kernel's own line
+        parts.insert(0, f"GPU FAULT: {new.xid}")
+        lines = new.xid_line
+    if old.gpus != new.gpus and old.gpus != "-" and new.gpus != "-":
+        parts.append(f"GPUs {old.gpus} -> {new.gpus}")
     if new.failure and new.failure != old.failure:
         parts.append(f"FAILED: {new.failure}" + (f"; next step: {new.next_step}" if new.next_step else ""))
-        lines = new.lines
+        lines = (*lines, *new.lines)
     return Change(at, new.name, "; ".join(parts) or "changed", lines)
 
 
@@ -212,6 +227,15 @@ class HostFollower:
         self.supervisor: Supervisor | None = None
         self.stream: AbstractContextManager[object] | None = None
         self.streamed: dict[str, str] = {}  # unit -> run followed now
+        # The GPUs' side (verify/kernel_watch.py): NVML's words of the last whole look, each unit's
+        # Xids since its run started (that look's, then each new one the kernel log says at once)
+        self.kernel: KernelWatch | None = None
+        self.buses: dict[int, str] = {}  # GPU index -> its bus id, for a new Xid's GPU
+        self.nvml_health: dict[str, dict[int, dict[str, Any]]] = {}  # unit -> GPU -> {"word", "why"}
+        self.gpu_health: dict[str, dict[int, dict[str, Any]]] = {}  # the same, with the Xids since
+        self.xids: dict[str, list[dict[str, Any]]] = {}  # unit -> its GPUs' Xids since its run started
+        self.runs: dict[str, str] = {}  # unit -> its run at the last look
+        self.looked_at = 0.0  # the host's clock at the last whole look
 
     def publish(self, result: list[UnitStatus] | GpudeployError) -> None:
         with self.lock:
@@ -226,6 +250,7 @@ class HostFollower:
                 with connect(self.host) as remote:
                     self.remote = remote
                     self.poll(remote, light=False)  # the first look is a whole `invoke status` one
+                    self.follow_kernel(remote)
                     wait = RECONNECT_S[0]
                     due = time.monotonic() + POLL_S
                     while not self.stop.wait(max(0.0, due - time.monotonic())):
@@ -237,6 +262,7 @@ class HostFollower:
                 self.publish(RemoteError(self.host.name, f"the watch failed: {type(exc).__name__}: {exc}"))
             finally:
                 self.close_stream()
+                self.close_kernel()
             self.stop.wait(wait)
             wait = min(wait * 2, RECONNECT_S[1])
 
@@ -249,9 +275,71 @@ class HostFollower:
                 self.explain(remote, s, st, from_tail=not light)
         self.follow_runs(remote, [st for _, st in pairs], facts)
         with self.lock:  # a death the stream said while this probe was on its way is not undone by it
+            if not light:
+                self.looked_at = float(facts.get("now") or 0.0)
+                self.buses = {int(d["index"]): str(d.get("bus_id") or "")
+                              for d in (facts.get("gpus") or {}).get("devices") or [] if "index" in d}
+                self.nvml_health = {s.unit: s.gpu_health for s, _ in pairs}
+            for s, st in pairs:
+                if not light:
+                    self.xids[st.name], self.gpu_health[st.name] = list(s.xids), s.gpu_health
+                elif self.runs.get(st.name) != st.run_id:  # a new run: its own Xids, from now on
+                    self.xids[st.name], self.gpu_health[st.name] = [], self.nvml_health.get(st.name, {})
+                self.runs[st.name] = st.run_id
+            found = [self._gpus(s) for s, _ in pairs]
             found = [self._dead(s, self.dead[(st.name, st.run_id)], self.causes.get((st.name, st.run_id)))
-                     if (st.name, st.run_id) in self.dead and st.active else s for s, st in pairs]
+                     if (st.name, st.run_id) in self.dead and st.active else s
+                     for s, (_, st) in zip(found, pairs, strict=True)]
         self.publish(found)
+
+    def _gpus(self, s: UnitStatus) -> UnitStatus:
+        """A light poll's status with what the last whole look and the kernel log said of its GPUs."""
+        return replace(s, gpu_health=self.gpu_health.get(s.unit, s.gpu_health), xids=self.xids.get(s.unit, s.xids))
+
+    # -- the kernel log -------------------------------------------------------------------------------
+    def follow_kernel(self, remote: Transport) -> None:
+        """One follower of the host's kernel log while its units have GPUs: a new Xid is shown at once."""
+        if not any(u.gpus for u in self.units):
+            return
+        try:
+            # from the whole look's moment (the host's clock) on: an Xid written meanwhile is not missed
+            self.kernel = KernelWatch(remote, self.looked_at, self.new_xid, lambda why: None)
+        except Exception:  # no such channel, a transport that cannot stream: the GPUs' words still come by poll
+            self.kernel = None
+
+    def close_kernel(self) -> None:
+        kernel, self.kernel = self.kernel, None
+        if kernel is not None:
+            with contextlib.suppress(Exception):
+                kernel.close()
+
+    def new_xid(self, raw: dict[str, Any]) -> None:
+        """The kernel log said an Xid now: every running unit on that GPU shows it, its GPU's word with it."""
+        with self.lock:
+            [x] = map_xids([raw], self.buses)
+            current = self.result
+            if not isinstance(current, list):
+                return
+            updated = []
+            for s in current:
+                unit = self.planned.get(s.unit)
+                if unit is None or not unit.gpus or s.main_pid == 0 or \
+                        (x.get("gpu") is not None and x["gpu"] not in unit.gpus) or \
+                        any((o["at"], o["bus"], o["xid"]) == (x["at"], x["bus"], x["xid"])
+                            for o in self.xids.get(s.unit, [])):  # the whole look had it already
+                    updated.append(s)
+                    continue
+                self.xids[s.unit] = [*self.xids.get(s.unit, []), x]
+                health = {g: dict(h) for g, h in self.gpu_health.get(s.unit, s.gpu_health).items()}
+                for g in unit.gpus if x.get("gpu") is None else [x["gpu"]]:
+                    h = health.setdefault(g, {"word": "-", "why": []})
+                    word = xid.xid_word(int(x["xid"]))
+                    if word != "ok":
+                        h["word"] = word if h["word"] == "-" else worst([h["word"], word])
+                        h["why"] = [*h.get("why", []), xid.sentence(x)]
+                self.gpu_health[s.unit] = health
+                updated.append(replace(s, xids=self.xids[s.unit], gpu_health=health))
+        self.publish(updated)
 
     def explain(self, remote: Transport, s: UnitStatus, st: UnitState, *, from_tail: bool) -> None:
         """A failed run's cause: what its stream showed, else what its last lines show (read once)."""
@@ -311,6 +399,9 @@ class HostFollower:
             fmt=log_format(unit.role.log_format if unit else None))
         with self.lock:
             self.dead[(sink.run.unit, sink.run.invocation)] = words
+            faults = self.xids.get(sink.run.unit) or []
+            if cause is not None and faults:  # its GPUs' faults while it served come first
+                cause = xid.cause(faults, cause) or cause
             if cause is not None:
                 self.causes[(sink.run.unit, sink.run.invocation)] = cause
             current = self.result
