@@ -33,6 +33,7 @@ def unit_json(u: Unit) -> dict[str, Any]:
         "engine": u.role.engine,
         "engine_version": u.engine_version,
         "flags_release": u.flags_release or u.engine_version,
+        "flag_notes": list(u.flag_notes),
         "unit": u.name,
         "gpus": list(u.gpus),
         "numa_node": u.numa_node,
@@ -89,6 +90,7 @@ def plan_text(plan: Plan, *, show_files: bool = False) -> str:
             out.append(f"   flags    of {u.flags_release}, the nearest release gpudeploy has captured: "
                        f"{u.engine_version} is not captured, so `invoke deploy` reads its --help from "
                        f"{u.host.name} and checks the command line again before anything starts")
+        out.extend(f"   flags    warning: {note}" for note in u.flag_notes)
         out.append(f"   gpus     {gpus}   numa node {numa}   cpus {u.cpus or '-'}")
         bound = numa_binding(u)
         if bound is not None:
@@ -131,7 +133,9 @@ def unit_verdicts(plan: Plan) -> list[dict[str, Any]]:
         if u.flags_release:
             reasons.append(f"flags of {u.flags_release} until deploy reads {u.engine_version}'s own --help on "
                            f"{u.host.name}")
-        out.append({"unit": u.key, "verdict": v.severity, "reasons": reasons, "fix": v.fix})
+        reasons.extend(u.flag_notes)
+        severity = "warn" if u.flag_notes and v.severity == "ok" else v.severity
+        out.append({"unit": u.key, "verdict": severity, "reasons": reasons, "fix": v.fix})
     return out
 
 
