@@ -71,7 +71,7 @@ from .inputs import (
 )
 from .modelfacts import GIB, ModelFacts
 from .releases import R0523, Release
-from .settings import KV_DTYPE_BYTES, EngineSettings
+from .settings import KV_DTYPE_BYTES, SSM_DTYPE_BYTES, EngineSettings
 
 __all__ = ["CERTAIN", "SEVERITIES", "SPEC_RUNNING_DEFAULT", "SPEC_STEP_CAPS", "VERDICTS", "Budget", "Cal",
            "activations_gib", "capture_batch_sizes", "default_mem_fraction", "evaluate", "mamba_slots_per_request",
@@ -95,8 +95,8 @@ def preload_free_gib(cap: float, tp: int, name: str | None = None) -> float:
     return gpu_class(cap, name).preload_free(cap, tp)[0]
 
 
-def mamba_slots_per_request(s: EngineSettings, rel: Release = R0523) -> int:
-    return slots_per_request(s, rel)
+def mamba_slots_per_request(s: EngineSettings, rel: Release = R0523, architecture: str = "") -> int:
+    return slots_per_request(s, rel, architecture)
 
 
 def activations_gib(model: ModelFacts, tp: int, chunk: int) -> float:
@@ -358,7 +358,8 @@ def evaluate(cap: float, model: ModelFacts, s: EngineSettings, cal: Cal, rel: Re
         notes.append(dp_note)
     cell, draft_cell = _kv_cell(model, s, rel, has_draft)
     ctx = s.context_length or model.context_length
-    per_req = model.state_bytes_per_request(max(1, tp // s.dp_size) if s.enable_dp_attention else tp)
+    per_req = model.state_bytes_per_request(max(1, tp // s.dp_size) if s.enable_dp_attention else tp,
+                                            SSM_DTYPE_BYTES.get(s.mamba_ssm_dtype or ""))
     wanted = wanted_running(s)
     graphs_grounded = bool(cal.graph_scales) or not (
         s.enable_dp_attention or s.moe_a2a_backend != "none" or s.enable_torch_compile or s.enable_lora)
@@ -404,8 +405,10 @@ def evaluate(cap: float, model: ModelFacts, s: EngineSettings, cal: Cal, rel: Re
     strategy = ""
     kv_pool = rest
     if model.kind == "hybrid" and per_req > 0:
-        ms = mamba_state(rest, per_req, s, rel, wanted, draft_tokens if algo else 0)
+        ms = mamba_state(rest, per_req, s, rel, wanted, draft_tokens if algo else 0, model.architecture)
         strategy = ms.strategy
+        if ms.refused:
+            notes.append(ms.refused)
         state_gib, slots, served, kv_pool = ms.state_gib, max(ms.slots, 0), ms.served, ms.rest_gib
         asked = wanted or 1
         why = (f"the mamba state of {asked} running request(s) ({ms.strategy}, {ms.ratio} slot(s) per request"

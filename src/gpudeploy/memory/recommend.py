@@ -127,7 +127,8 @@ def _bases(ctx: _Ctx, s: EngineSettings) -> Iterator[EngineSettings]:
                 yield base
                 if run is not None and s.max_mamba_cache_size is None:
                     # slots for exactly the requests asked for, instead of SGLang's share of the pool
-                    yield replace(base, max_mamba_cache_size=run * slots_per_request(base, ctx.rel))
+                    ratio = slots_per_request(base, ctx.rel, ctx.model.architecture)
+                    yield replace(base, max_mamba_cache_size=run * ratio)
 
 
 def _caps(ctx: _Ctx, base: EngineSettings) -> list[int | None]:
