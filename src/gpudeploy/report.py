@@ -200,6 +200,17 @@ def memory_line(mem: dict[str, Any], fix: str = "") -> str:
     if margin is not None:
         rows.append(f"              headroom margin {margin:+.2f} GiB, error band +-{mem['error_band_gib']:.2f} GiB"
                     f" (SGLang {mem.get('release_rules')} rules)")
+    terms = mem.get("band_terms") or {}
+    if terms and margin is not None:
+        rows.append("              band by term: " + ", ".join(f"{k} {v:+.2f}" if v < 0 else f"{k} +-{v:.2f}"
+                                                             for k, v in terms.items() if abs(v) >= 0.005))
+    table = mem.get("on_the_table") or {}
+    if table:
+        rows.append(f"              left on the table: {table['spare_gib']:.2f} GiB of headroom beyond the band; "
+                    f"mem_fraction_static {table['mem_fraction_static']} takes it: {table['kv_tokens']} KV tokens "
+                    f"(+{table['kv_tokens_gained']}), {table['running_requests']} running requests "
+                    f"(+{table['running_requests_gained']}), still {table['margin_gib']:.2f} GiB spare for a "
+                    f"+-{table['error_band_gib']:.2f} GiB band")
     inputs = mem.get("inputs") or []
     guessed = [i for i in inputs if not i.get("grounded")]
     if guessed:

@@ -148,6 +148,11 @@ class Budget:
     gpu: str = ""
     lesson: str = ""                     # what a failed run taught (the recommendation covers it)
     mamba_strategy: str = ""
+    # the error band, term by term (GiB): the terms' measured error, then each assumed input's share
+    band_terms: dict[str, float] = field(default_factory=dict)
+    # a plain fit far above what the release needs: the fraction that takes the spare headroom within
+    # the band, and the KV tokens and running requests it buys (recommend.budget fills it)
+    on_the_table: dict[str, Any] = field(default_factory=dict)
 
     @property
     def fits(self) -> bool:
@@ -179,6 +184,8 @@ class Budget:
             "measured": dict(self.measured), "inputs": [i.to_json() for i in self.inputs],
             "assumed": [i.name for i in assumed(self.inputs)], "gpu_class": self.gpu, "lesson": self.lesson,
             "mamba_strategy": self.mamba_strategy,
+            "band_terms": {k: _r(v) for k, v in self.band_terms.items()},
+            "on_the_table": dict(self.on_the_table),
         }
 
 
@@ -508,9 +515,16 @@ def evaluate(cap: float, model: ModelFacts, s: EngineSettings, cal: Cal, rel: Re
     detail: dict[str, Any] = {k: g.to_json() for k, g in families.items()}
     detail["scale_from_measurement"] = {k: _r(v) for k, v in cal.graph_scales}
     detail["attention_backend"] = backend
+    # per term: what is the release's own arithmetic with its measured error, what is assumed
+    band_terms = {"CUDA graphs (measured error of the terms)": graph_band,
+                  "activations and speculative buffers (measured error)": rest_band}
+    band_terms.update({f"{i.name} (assumed)": i.band_gib for i in assumed(inputs) if i.band_gib > 0})
+    if cal.learned_gib and guessed < sum(i.band_gib for i in assumed(inputs)):
+        band_terms["a failed run's proven floor (replaces assumed GiB)"] = -min(
+            cal.learned_gib, sum(i.band_gib for i in assumed(inputs)))
     common = dict(headroom_needed_gib=needed, headroom_breakdown=br, headroom_available_gib=available,
                   error_band_gib=band, spare_wanted_gib=spare, graphs=detail, notes=tuple(notes), inputs=inputs,
-                  **common_pool)
+                  band_terms=band_terms, **common_pool)
     margin = available - needed
     what = (f"CUDA graphs {graphs_total:.2f} GiB (decode bs up to {bs_max}"
             + (f", prefill up to {max(prefill_graph_sizes(prefill_max_tokens(model, s, chunk)), default=0)} tokens"
