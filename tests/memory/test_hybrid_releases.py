@@ -107,3 +107,25 @@ def test_the_config_s_mamba_ssm_dtype_is_read(tmp_path: Path) -> None:
     bf16 = model_facts_from_dir(model_dir)
     assert bf16.ssm_dtype_bytes == 2
     assert fp32 > bf16.state_bytes_per_request() > fp32 // 2
+
+
+# A public boot log at 0.5.21 (auto strategy, no speculative decoding, mamba_full_memory_ratio 0.9):
+# KI-KUBE/dgxarley TESTLOGS/sglang_nn4_tp4_ep1/nemotron-3-nano-omni-30b-a3b-reasoning-nvfp4/
+# TESTLOG_sglang-0.5.21-sm121_nemotron-3-nano-omni-30b-a3b-reasoning-nvfp4_4n.md (commit 31e6af1c):
+#   "Mamba Cache is allocated. max_mamba_cache_size: 2211, conv_state size: 0.44GB, ssm_state size: 24.84GB"
+#   "KV Cache is allocated. dtype: float8_e4m3fn, #tokens: 19644177, K size: 14.05 GB, V size: 14.05 GB"
+#   with --mamba-ssm-dtype bfloat16: "max_mamba_cache_size doubles (2211 to 4348, ssm_state 24.42 GB)"
+def test_the_split_of_a_public_0_5_21_log_is_reproduced_fp32_and_bf16() -> None:
+    slots_logged = 2211
+    conv, ssm, kv = 0.44, 24.84, 2 * 14.05
+    rest = conv + ssm + kv                     # the budget both pools came out of
+    per_fp32 = (conv + ssm) / (slots_logged + 1) * GIB   # the pools hold K + 1 slots (the padding slot)
+    rel = release_rules("0.5.21")
+    got = mamba_state(rest, round(per_fp32), EngineSettings(), rel, None, 0, "NemotronHForCausalLM")
+    assert got.slots == pytest.approx(slots_logged, rel=0.005)
+    assert got.rest_gib == pytest.approx(kv, rel=0.01)
+    # bfloat16 halves the SSM part only: the conv window stays bf16
+    per_bf16 = (conv + ssm / 2) / (slots_logged + 1) * GIB
+    bf16 = mamba_state(rest, round(per_bf16), EngineSettings(mamba_ssm_dtype="bfloat16"), rel, None, 0,
+                       "NemotronHForCausalLM")
+    assert bf16.slots == pytest.approx(4348, rel=0.005)
