@@ -72,6 +72,8 @@ from .inputs import (
 from .modelfacts import GIB, ModelFacts
 from .releases import R0523, Release
 from .settings import KV_DTYPE_BYTES, SSM_DTYPE_BYTES, EngineSettings
+from .speculative import fixed_buffer_bytes, spec_captures
+from .speculative import read as spec_read
 
 __all__ = ["CERTAIN", "SEVERITIES", "SPEC_RUNNING_DEFAULT", "SPEC_STEP_CAPS", "VERDICTS", "Budget", "Cal",
            "activations_gib", "capture_batch_sizes", "default_mem_fraction", "evaluate", "mamba_slots_per_request",
@@ -82,7 +84,6 @@ VERDICTS = ("fits", "uncertain", "oom-in-graph-capture", "kv-pool-empty", "weigh
 CERTAIN = ("kv-pool-empty", "weights-do-not-fit", "mamba-state-does-not-fit", "memory-pool-does-not-fit")
 SEVERITIES = ("ok", "warn", "refuse")
 
-SPEC_FIXED_GIB = 1.0              # EAGLE/MTP buffers (tree masks, hidden states): not measured
 DEEPEP_GIB = 2.0                  # SGLang reserves this for DeepEP all-to-all buffers (0.5.23)
 MLA_PREFILL_GRAPH_GIB = 1.5       # SGLang's own reserve: "MLA backend overhead is much higher"
 MISC_GIB = 0.3
@@ -214,26 +215,24 @@ class Cal:
 
 def _graph_families(model: ModelFacts, s: EngineSettings, rel: Release, cap: float, bs_max: int,
                     running: int, ctx: int, chunk: int, spec: tuple[int, int, int], tp: int,
-                    per_graph_table: bool) -> dict[str, GraphMemory]:
+                    per_graph_table: bool, backend: str) -> dict[str, GraphMemory]:
     """Predicted memory of each captured graph family (decode/verify, draft, prefill)."""
     out: dict[str, GraphMemory] = {}
-    steps, topk, draft_tokens = spec
     speculative = s.speculative_algorithm is not None
     local_attn = 1 if model.attention_chunk_size else 0
     pt = {"page_table_per_graph": per_graph_table}
     if decode_graphs_on(s, rel) and bs_max > 0:
         sizes = tuple(capture_batch_sizes(bs_max, speculative, rel, cap, pool_size=running))
         if speculative:
-            out["verify_graphs"] = capture_memory(model, tp, ctx, Capture(
-                sizes, draft_tokens, model.layers, draft_tokens, metadata_tables=4 + local_attn), rel, **pt)
+            draft_layers = max(1, model.mtp_layers) if not model.draft_weight_bytes else max(1, model.draft_layers)
+            caps = spec_captures(model, rel, backend, sizes, spec, draft_layers, bool(local_attn))
+            out["verify_graphs"] = capture_memory(model, tp, ctx, caps["verify"], rel, **pt)
             if s.has_draft:
-                draft_layers = max(1, model.mtp_layers) if not model.draft_weight_bytes else max(1, model.draft_layers)
-                decode = capture_memory(model, tp, ctx, Capture(sizes, topk, draft_layers * steps, topk, 0), rel,
-                                        first=False, **pt)
-                extend = capture_memory(model, tp, ctx, Capture(sizes, steps + 1, draft_layers, 1, 0), rel,
-                                        first=False, **pt)
+                decode = capture_memory(model, tp, ctx, caps["draft_decode"], rel, first=False, **pt)
+                extend = capture_memory(model, tp, ctx, caps["draft_extend"], rel, first=False, **pt)
                 out["draft_graphs"] = GraphMemory(0.0, decode.graph_exec + extend.graph_exec,
-                                                  decode.input_buffers + extend.input_buffers, 0.0,
+                                                  decode.input_buffers + extend.input_buffers,
+                                                  decode.attn_metadata + extend.attn_metadata,
                                                   max(decode.pool, extend.pool), decode.per_graph + extend.per_graph)
         else:
             out["cuda_graphs"] = capture_memory(model, tp, ctx, Capture(
@@ -322,11 +321,17 @@ def _inputs(model: ModelFacts, s: EngineSettings, rel: Release, cal: Cal, gpu: G
                          "NVML's reading at deploy or a measured run"))
     if s.speculative_algorithm is not None:
         measured_spec = measured_graphs and any(k in dict(cal.graph_scales) for k in ("verify_graphs", "draft_graphs"))
-        band = 0.0 if measured_spec else min(SPEC_GIB_PER_VERIFY_TOKEN * verify_tokens, SPEC_SHARE_OF_FREE * p)
-        out.append(Input("speculative graphs", measured_spec,
-                         "measured in a previous run" if measured_spec else
-                         f"draft and verify graphs and the draft runner, not measured on a device "
-                         f"({verify_tokens} verify tokens)", band, "a measured run of these settings"))
+        # the release's own arithmetic (:mod:`.speculative`) for a known shape: the graph terms' error
+        own = spec_read(rel) and "shape" not in model.assumed
+        if measured_spec or own:
+            out.append(Input("speculative graphs", True, "measured in a previous run" if measured_spec else
+                             f"SGLang {rel.name}'s draft and verify graphs ({verify_tokens} verify tokens)"))
+        else:
+            why = ("the model's shape is guessed, and with it the draft's" if "shape" in model.assumed
+                   else f"SGLang {rel.name}'s speculative graphs were not read")
+            band = min(SPEC_GIB_PER_VERIFY_TOKEN * verify_tokens, SPEC_SHARE_OF_FREE * p)
+            out.append(Input("speculative graphs", False, f"draft and verify graphs: {why} ({verify_tokens} "
+                             "verify tokens)", band, "the model's config.json, or a measured run of these settings"))
     if model.multimodal:
         out.append(Input("vision tower", False, "image encoder activations and caches, not modelled",
                          MULTIMODAL_SHARE_OF_FREE * p, "a measured run that served images at peak load"))
@@ -373,6 +378,7 @@ def evaluate(cap: float, model: ModelFacts, s: EngineSettings, cal: Cal, rel: Re
     backend = attention_backend(model, s, rel, gpu.hopper)
     per_graph_table = rel.per_graph_page_table and backend == "fa3"
     inputs = _inputs(model, s, rel, cal, gpu, f, p_band, w, p, 0.0, True, dp_note)
+    refusal = ""                 # SGLang refuses these settings at start (set below, hybrid models)
 
     def result(verdict: str, reason: str, **kw: Any) -> Budget:
         base: dict[str, Any] = dict(
@@ -385,6 +391,9 @@ def evaluate(cap: float, model: ModelFacts, s: EngineSettings, cal: Cal, rel: Re
             severity="refuse" if verdict in CERTAIN else "ok", notes=tuple(notes), inputs=inputs, gpu=gpu.name,
             lesson=cal.lesson)
         base.update(kw)
+        if refusal and base["severity"] == "ok":
+            # SGLang stops before sizing anything: whatever the memory says, it never starts
+            base.update(severity="warn", reason=f"{base['reason']}; but {refusal}")
         return Budget(**base)
 
     def arithmetic(verdict: str, short: float, band: float, reason: str, **kw: Any) -> Budget:
@@ -416,6 +425,7 @@ def evaluate(cap: float, model: ModelFacts, s: EngineSettings, cal: Cal, rel: Re
         strategy = ms.strategy
         if ms.refused:
             notes.append(ms.refused)
+            refusal = ms.refused
         state_gib, slots, served, kv_pool = ms.state_gib, max(ms.slots, 0), ms.served, ms.rest_gib
         asked = wanted or 1
         why = (f"the mamba state of {asked} running request(s) ({ms.strategy}, {ms.ratio} slot(s) per request"
@@ -462,7 +472,7 @@ def evaluate(cap: float, model: ModelFacts, s: EngineSettings, cal: Cal, rel: Re
                           headroom_needed_gib=req_to_token, headroom_breakdown={"req_to_token": req_to_token},
                           **common_pool)
 
-    families = _graph_families(model, s, rel, cap, bs_max, running, ctx, chunk, spec, tp, per_graph_table)
+    families = _graph_families(model, s, rel, cap, bs_max, running, ctx, chunk, spec, tp, per_graph_table, backend)
     graph_gib = {k: cal.scale(k) * v for k, v in _shared_pool(families).items()}
     if s.enable_dp_attention and "cuda_graphs" in graph_gib:
         # not measured here: SGLang's own reserve for what DP attention's padded buffers take
@@ -481,7 +491,10 @@ def evaluate(cap: float, model: ModelFacts, s: EngineSettings, cal: Cal, rel: Re
     transient = max((g.peak_extra * cal.scale(k) for k, g in families.items()), default=0.0)
     br["activations"] = max(run_act, transient)
     if algo is not None:
-        br["spec_buffers"] = SPEC_FIXED_GIB
+        # the draft runners' own buffers (:func:`.speculative.fixed_buffer_bytes`); masks and kv
+        # indices are in the graph families
+        spec_bs = max(capture_batch_sizes(bs_max, True, rel, cap, pool_size=running), default=running)
+        br["spec_buffers"] = fixed_buffer_bytes(model, spec_bs, spec) / GIB
     if has_draft and not rel.draft_weights_static:
         br["draft_weights"] = draft_w
         br["draft_kv"] = tokens * draft_cell / GIB
@@ -497,7 +510,7 @@ def evaluate(cap: float, model: ModelFacts, s: EngineSettings, cal: Cal, rel: Re
     # a logged graph figure leaves only the noise between two runs of the same settings
     graph_band = (max(0.25, 0.1 * graphs_total) if cal.graph_measured
                   else error_band(graphs_total, True, comm))
-    rest_band = ACTIVATION_REL_ERROR * br["activations"] + br.get("spec_buffers", 0.0)
+    rest_band = ACTIVATION_REL_ERROR * br["activations"] + REL_ERROR * br.get("spec_buffers", 0.0)
     verify = families.get("verify_graphs")
     verify_tokens = (max(capture_batch_sizes(bs_max, True, rel, cap, pool_size=running), default=0) * draft_tokens
                      if verify is not None else (draft_tokens * running if algo else 0))

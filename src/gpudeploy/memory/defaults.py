@@ -249,9 +249,15 @@ def attention_backend(model: ModelFacts, s: EngineSettings, rel: Release, hopper
     """The backend the release picks; only FA3 before PR #8567 keeps a page table per graph."""
     if s.attention_backend:
         return s.attention_backend
+    topk_one = s.speculative_algorithm is None or (s.speculative_eagle_topk or spec_of(s, model, rel)[1]) == 1
+    if version_key(rel.name) >= (0, 5, 9):
+        # 0.5.9 server_args.py:1797-1834, 0.5.23 arg_groups/model_override_base.py:302-345: FA3 on Hopper
+        # (MHA only without topk > 1); Blackwell's trtllm_mha is not modelled (flashinfer's buffers)
+        if hopper and (topk_one or model.kind == "mla"):
+            return "fa3"
+        return "flashinfer" if model.kind != "mla" else "triton"
     if not rel.fa3_default:
         return "flashinfer" if model.kind != "mla" else "triton"
-    topk_one = s.speculative_algorithm is None or (s.speculative_eagle_topk or spec_of(s, model, rel)[1]) == 1
     if hopper and topk_one and (model.kind == "mla" or model.architecture in FA3_ARCHS):
         return "fa3"
     return "flashinfer" if model.kind != "mla" else "triton"
