@@ -33,7 +33,12 @@ def _api() -> dict[str, Any]:
         from gpudeploy.plan import memory as recommend  # type: ignore[no-redef]
         from gpudeploy.plan import modelfacts  # type: ignore[no-redef]
         from gpudeploy.plan import sglang_release as releases
+    try:
+        from gpudeploy.memory.logparse import Measured
+    except ImportError:  # before the memory model was its own package
+        from gpudeploy.plan.calibrate import Measured  # type: ignore[no-redef]
     return {"budget": recommend.budget, "settings": EngineSettings, "from_dir": modelfacts.model_facts_from_dir,
+            "measured": Measured,
             "from_mapping": modelfacts.model_facts_from_mapping, "mapping_keys": modelfacts._MAPPING_KEYS,
             "release": releases.release_rules}
 
@@ -49,7 +54,9 @@ def row(api: dict[str, Any], table: dict[str, Any], case: dict[str, Any], fixtur
     try:
         model = model_of(api, table, case["model"], fixtures)
         s = api["settings"].from_settings(case["settings"], tp_size=case["settings"].get("tp_size", 1))
-        b = api["budget"](case["capacity"], model, s, release=case["release"])
+        # what the log itself said before the pools (Load weight begin/end), as NVML and the index would
+        logged = api["measured"](**case["logged"]) if case.get("logged") else None
+        b = api["budget"](case["capacity"], model, s, logged, release=case["release"])
     except Exception as exc:
         return {"id": case["id"], "boots": case["boots"], "verdict": f"error: {exc}"[:60], "severity": "-",
                 "right": False, "kv_err": None, "confident": False, "source": case.get("source", "")}

@@ -129,3 +129,19 @@ def test_the_split_of_a_public_0_5_21_log_is_reproduced_fp32_and_bf16() -> None:
     bf16 = mamba_state(rest, round(per_bf16), EngineSettings(mamba_ssm_dtype="bfloat16"), rel, None, 0,
                        "NemotronHForCausalLM")
     assert bf16.slots == pytest.approx(4348, rel=0.005)
+
+
+@pytest.mark.parametrize(("release", "arch", "multimodal", "prefill"), [
+    # 0.5.10: piecewise prefill graphs never for a multimodal model (server_args.py:1110-1111) nor Qwen3-Next
+    ("0.5.10", "Qwen3_5ForConditionalGeneration", True, False),
+    ("0.5.10", "Qwen3NextForCausalLM", False, False),
+    # 0.5.23: Qwen3.5 is on the breakable multimodal list (model_config.py:2501-2516) and its linear
+    # attention layers pass the runner's standard-GQA check; a multimodal model off the list does not
+    ("0.5.23", "Qwen3_5ForConditionalGeneration", True, True),
+    ("0.5.23", "Qwen2_5_VLForConditionalGeneration", True, False),
+    ("0.5.23", "Qwen3NextForCausalLM", False, True)])
+def test_prefill_graphs_follow_the_runners_own_checks(release: str, arch: str, multimodal: bool,
+                                                      prefill: bool) -> None:
+    model = model_facts_from_mapping({**HYBRID, "architecture": arch, "multimodal": multimodal}, "t")
+    got = budget(95.0, model, settings(mem_fraction_static=0.9, max_running_requests=16), release=release)
+    assert ("prefill_graphs" in got.headroom_breakdown) is prefill, got.headroom_breakdown

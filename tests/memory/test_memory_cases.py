@@ -38,6 +38,9 @@ def _settings(d: dict[str, Any]) -> EngineSettings:
 
 
 def _budget(case: dict[str, Any], settings: dict[str, Any] | None = None, **kw: Any) -> Any:
+    if case.get("logged") and "measured" not in kw:
+        # what the source's log said before the pools were sized: free memory before load, weights
+        kw = {**kw, "measured": Measured(**case["logged"]), "measured_settings": _settings(case["settings"])}
     return budget(case["capacity"], _model(case["model"]), _settings(settings or case["settings"]),
                   release=release_rules(case["release"]), **kw)
 

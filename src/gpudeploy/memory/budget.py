@@ -60,6 +60,7 @@ from .graphs import (
 from .hybrid import mamba_state, slots_per_request
 from .inputs import (
     MULTIMODAL_SHARE_OF_FREE,
+    RELEASE_DRIFT_FLOOR_GIB,
     RELEASE_DRIFT_GIB,
     SHAPE_SHARE_OF_WEIGHTS,
     SPEC_GIB_PER_VERIFY_TOKEN,
@@ -70,7 +71,7 @@ from .inputs import (
     describe,
 )
 from .modelfacts import GIB, ModelFacts
-from .releases import R0523, Release
+from .releases import R0523, Release, checked_above
 from .settings import KV_DTYPE_BYTES, SSM_DTYPE_BYTES, EngineSettings
 from .speculative import fixed_buffer_bytes, spec_captures
 from .speculative import read as spec_read
@@ -237,7 +238,7 @@ def _graph_families(model: ModelFacts, s: EngineSettings, rel: Release, cap: flo
         else:
             out["cuda_graphs"] = capture_memory(model, tp, ctx, Capture(
                 sizes, 1, model.layers, 1, metadata_tables=1 + local_attn), rel, **pt)
-    if prefill_graphs_on(s, rel):
+    if prefill_graphs_on(s, rel, model, captured=True):
         tokens = prefill_graph_sizes(prefill_max_tokens(model, s, chunk))
         if tokens:
             out["prefill_graphs"] = capture_memory(model, tp, ctx, Capture(
@@ -293,8 +294,9 @@ def _kv_cell(model: ModelFacts, s: EngineSettings, rel: Release, spec_has_draft:
 
 def _inputs(model: ModelFacts, s: EngineSettings, rel: Release, cal: Cal, gpu: GpuClass, f: float, p_band: float,
             w: float, p: float, graphs_total: float, graphs_grounded: bool, dp_note: str,
-            verify_tokens: int = 0) -> tuple[Input, ...]:
-    """Every input, grounded or assumed, with its share of the band (:mod:`.inputs`)."""
+            verify_tokens: int = 0, drift: tuple[float, str] | None = None) -> tuple[Input, ...]:
+    """Every input, grounded or assumed, with its share of the band (:mod:`.inputs`); ``drift``: how far
+    the headroom need moves between the checked releases either side of an unread one, and which."""
     out: list[Input] = []
     measured_graphs = cal.graph_measured
     if "shape" in model.assumed:
@@ -311,8 +313,9 @@ def _inputs(model: ModelFacts, s: EngineSettings, rel: Release, cal: Cal, gpu: G
     if rel.checked:
         out.append(Input("release rules", True, f"SGLang {rel.name}, read from its wheel"))
     else:
-        out.append(Input("release rules", False, f"SGLang {rel.name} not read: {rel.checked_as}'s rules",
-                         RELEASE_DRIFT_GIB, f"a reading of {rel.name}'s server_args (gpudeploy/memory/releases.py)"))
+        band, between = (max(RELEASE_DRIFT_FLOOR_GIB, drift[0]), f"; {drift[1]}") if drift else (RELEASE_DRIFT_GIB, "")
+        out.append(Input("release rules", False, f"SGLang {rel.name} not read: {rel.checked_as}'s rules{between}",
+                         band, f"a reading of {rel.name}'s server_args (gpudeploy/memory/releases.py)"))
     if cal.preload_free_gib is not None:
         out.append(Input("free memory before load", cal.preload_band_gib == 0, cal.preload_source,
                          (1 - f) * cal.preload_band_gib, "the engine's own log line (Load weight begin)"))
@@ -514,8 +517,17 @@ def evaluate(cap: float, model: ModelFacts, s: EngineSettings, cal: Cal, rel: Re
     verify = families.get("verify_graphs")
     verify_tokens = (max(capture_batch_sizes(bs_max, True, rel, cap, pool_size=running), default=0) * draft_tokens
                      if verify is not None else (draft_tokens * running if algo else 0))
+    drift = None
+    above = checked_above(rel)
+    if not rel.checked and above is not None:
+        # an unread release between two read ones: its band is how far their arithmetic moves the
+        # headroom need for these very settings (the release below's rules are this one's)
+        other = evaluate(cap, model, s, cal, above, gpu)
+        if other.headroom_breakdown:
+            drift = (abs(other.headroom_needed_gib - needed),
+                     f"{above.name}'s rules need {other.headroom_needed_gib:.2f} GiB of headroom here")
     inputs = _inputs(model, s, rel, cal, gpu, f, p_band, w, p, graphs_total, graphs_grounded, dp_note,
-                     verify_tokens)
+                     verify_tokens, drift)
     guessed = sum(i.band_gib for i in assumed(inputs))
     # a floor a failed run proved replaces part of what the guesses allowed for
     guessed = max(0.0, guessed - cal.learned_gib)

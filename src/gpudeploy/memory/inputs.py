@@ -30,8 +30,11 @@ The widths come from the misses seen where such an input was in play:
 * a vision tower: SGLang's own allowance for image processing, 5 % of the free memory (the 0.95 of
   ``adjust_mem_fraction_for_vlm``); sgl-project/sglang#7693 ran out of memory serving images.
 * DP attention, DeepEP, torch.compile, LoRA: the graph terms x2 (:data:`.graphs.UNGROUNDED_REL_ERROR`).
-* release rules not read: :data:`RELEASE_DRIFT_GIB`, the largest change of the headroom need between
-  two neighbouring checked releases over the validation table's cases: 3.54 GiB for the field's MoE
+* release rules not read, between two read ones: how far the two read releases either side move the
+  headroom need for these very settings (the one below's rules are the unread one's), at least
+  :data:`RELEASE_DRIFT_FLOOR_GIB`. Where no read release is above (newer than 0.5.23) or below (older
+  than 0.4.5): :data:`RELEASE_DRIFT_GIB`, the largest change of the headroom need between two
+  neighbouring checked releases over the validation table's cases: 3.54 GiB for the field's MoE
   between 0.5.9 and 0.5.10 (piecewise prefill graphs) and 3.44 GiB for Kimi-K2 between 0.5.10 and 0.5.23
   (DeepEP's reserve, prefill graphs); tests/memory asserts it still covers them.
 * free memory before load at plan time: the GPU class's range (:mod:`.gpuclass`).
@@ -52,6 +55,7 @@ SPEC_GIB_PER_VERIFY_TOKEN = 0.21
 SPEC_SHARE_OF_FREE = 0.3
 MULTIMODAL_SHARE_OF_FREE = 0.05
 RELEASE_DRIFT_GIB = 3.6
+RELEASE_DRIFT_FLOOR_GIB = 0.5
 WIDE_GIB = 1.0
 
 

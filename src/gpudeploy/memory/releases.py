@@ -163,6 +163,16 @@ def version_key(version: str) -> tuple[int, ...]:
     return tuple(int(x) for x in m.group(1).split(".")) if m else ()
 
 
+def checked_above(rel: Release) -> Release | None:
+    """The first checked release above an unread one (None for a checked one, or past the newest)."""
+    if rel.checked or not rel.checked_as:
+        return None
+    key = version_key(rel.name)
+    if key < version_key(CHECKED[0].name):
+        return None                      # older than any wheel read: nothing either side
+    return next((r for r in CHECKED if version_key(r.name) > key), None)
+
+
 def release_rules(version: str | None) -> Release:
     """The rules of ``version``: its own when its wheel was read, else the newest checked release
     below it (or the oldest, for anything older), marked ``checked=False`` with ``checked_as``.
