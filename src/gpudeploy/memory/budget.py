@@ -436,6 +436,15 @@ def evaluate(cap: float, model: ModelFacts, s: EngineSettings, cal: Cal, rel: Re
                f"per slot) takes {state_gib:.2f} of the {rest:.2f} GiB KV budget")
         fix = ("lower max_running_requests, drop extra_buffer (mamba_scheduler_strategy no_buffer) or "
                "set max_mamba_cache_size; a higher mem_fraction_static only helps if the state fits at all")
+        if ms.failure == "kv-pool-empty" and s.max_mamba_cache_size is not None and not algo:
+            # the slots were asked for: the state is fixed, and only the fraction (or fewer slots) helps
+            floor = (w + state_gib) / p
+            return result("kv-pool-empty", f"max_mamba_cache_size {s.max_mamba_cache_size} fixes the mamba state at "
+                          f"{state_gib:.2f} GiB ({per_req / 2**20:.1f} MiB a slot), more than the {rest:.2f} GiB KV "
+                          f"budget that mem_fraction_static {f:.3f} leaves after {w:.2f} GiB of weights: SGLang says "
+                          f"\"Not enough memory. Please try to increase --mem-fraction-static\", and it is right: "
+                          f"raise it above {floor:.3f}, or lower max_mamba_cache_size",
+                          kv_pool_gib=kv_pool, state_gib=state_gib, state_slots=slots, mamba_strategy=strategy)
         if ms.failure == "kv-pool-empty":
             return result("kv-pool-empty", f"{why}, leaving nothing for the KV cache: SGLang says \"Not enough "
                           f"memory. Please try to increase --mem-fraction-static\", but the state is the cause: {fix}",
