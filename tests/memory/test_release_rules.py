@@ -204,3 +204,16 @@ def test_the_release_drift_band_covers_the_drift_between_checked_releases() -> N
         needs = [evaluate(c["capacity"], m, s, Cal(), r).headroom_needed_gib for r in CHECKED if r.name >= "0.5"]
         worst = max([worst] + [abs(x - y) for x, y in itertools.pairwise(needs) if x and y])
     assert 0 < worst <= RELEASE_DRIFT_GIB
+
+
+@pytest.mark.parametrize("release", ["0.5.10", "0.5.23"])
+def test_dp_attention_sizes_each_ranks_request_pool_for_its_share(release: str) -> None:
+    """With DP attention every attention rank has its own request pool, of max_running_requests // dp
+    rows (0.5.10 model_runner_kv_cache_mixin.py:841-852, 0.5.23 kv_cache_configurator.py:3119-3131):
+    a 1024-request DeepSeek-V3 at DP8 holds 128 requests' tables per rank, not 1024."""
+    dsv3 = model_facts_from_dir(HERE / "fixtures" / "deepseek-v3")
+    s = EngineSettings(tp_size=8, dp_size=8, enable_dp_attention=True, mem_fraction_static=0.85,
+                       max_running_requests=1024)
+    got = budget(139.8, dsv3, s, release=release)
+    assert got.running_requests == 128
+    assert got.headroom_breakdown["req_to_token"] == pytest.approx(128 * (dsv3.context_length + 4) * 4 / 2**30)

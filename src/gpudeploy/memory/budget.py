@@ -376,6 +376,11 @@ def evaluate(cap: float, model: ModelFacts, s: EngineSettings, cal: Cal, rel: Re
     per_req = model.state_bytes_per_request(max(1, tp // s.dp_size) if s.enable_dp_attention else tp,
                                             SSM_DTYPE_BYTES.get(s.mamba_ssm_dtype or ""))
     wanted = wanted_running(s)
+    if wanted is not None and s.enable_dp_attention and s.dp_size > 1:
+        # each attention-DP rank serves its share of the requests: its request pool, mamba slots and
+        # captured batches are sized for max_running_requests // dp (0.5.10
+        # model_runner_kv_cache_mixin.py:841-852, 0.5.23 mem_cache/kv_cache_configurator.py:3119-3131)
+        wanted = max(1, wanted // s.dp_size)
     graphs_grounded = bool(cal.graph_scales) or not (
         s.enable_dp_attention or s.moe_a2a_backend != "none" or s.enable_torch_compile or s.enable_lora)
     backend = attention_backend(model, s, rel, gpu.hopper)
