@@ -33,7 +33,12 @@ def _api() -> dict[str, Any]:
         from gpudeploy.plan import memory as recommend  # type: ignore[no-redef]
         from gpudeploy.plan import modelfacts  # type: ignore[no-redef]
         from gpudeploy.plan import sglang_release as releases
+    try:
+        from gpudeploy.memory.logparse import Measured
+    except ImportError:  # before the memory model was its own package
+        from gpudeploy.plan.calibrate import Measured  # type: ignore[no-redef]
     return {"budget": recommend.budget, "settings": EngineSettings, "from_dir": modelfacts.model_facts_from_dir,
+            "measured": Measured,
             "from_mapping": modelfacts.model_facts_from_mapping, "mapping_keys": modelfacts._MAPPING_KEYS,
             "release": releases.release_rules}
 
@@ -49,12 +54,16 @@ def row(api: dict[str, Any], table: dict[str, Any], case: dict[str, Any], fixtur
     try:
         model = model_of(api, table, case["model"], fixtures)
         s = api["settings"].from_settings(case["settings"], tp_size=case["settings"].get("tp_size", 1))
-        b = api["budget"](case["capacity"], model, s, release=case["release"])
+        # what the log itself said before the pools (Load weight begin/end), as NVML and the index would
+        logged = api["measured"](**case["logged"]) if case.get("logged") else None
+        b = api["budget"](case["capacity"], model, s, logged, release=case["release"])
     except Exception as exc:
         return {"id": case["id"], "boots": case["boots"], "verdict": f"error: {exc}"[:60], "severity": "-",
-                "right": False, "kv_err": None}
+                "right": False, "kv_err": None, "confident": False, "source": case.get("source", "")}
     flagged = b.severity in ("warn", "refuse")
     right = (b.severity != "refuse") if case["boots"] else flagged
+    # sure and right: a booting case called fits/ok, a failing one refused
+    confident = (b.verdict == "fits" and b.severity == "ok") if case["boots"] else b.severity == "refuse"
     kv_err = None
     if case.get("reported_tokens"):
         kv_err = (b.kv_tokens - case["reported_tokens"]) / case["reported_tokens"]
@@ -62,7 +71,7 @@ def row(api: dict[str, Any], table: dict[str, Any], case: dict[str, Any], fixtur
     guessed = [] if isinstance(spec, dict) else list(table["models"][spec].get("assumed") or [])
     return {"id": case["id"], "boots": case["boots"], "verdict": b.verdict, "severity": b.severity,
             "right": right, "kv_err": kv_err, "kv": b.kv_tokens, "reported": case.get("reported_tokens"),
-            "guessed": guessed}
+            "guessed": guessed, "confident": confident, "source": case.get("source", "")}
 
 
 def main() -> int:
@@ -95,7 +104,24 @@ def main() -> int:
           f"booting cases not refused: {sum(r['right'] for r in booting)} of {len(booting)}; "
           f"KV tokens within 5%: {sum(abs(r['kv_err']) <= 0.05 for r in kv)} of {len(kv)} "
           f"({sum(abs(r['kv_err']) <= 0.05 for r in logged)} of {len(logged)} where the log gives every input)")
+    print(summary(rows))
     return 0
+
+
+def summary(rows: list[dict[str, Any]]) -> str:
+    """The issue 44 figures: what a user meets, in one line each."""
+    booting = [r for r in rows if r["boots"]]
+    failing = [r for r in rows if not r["boots"]]
+    kv = [r for r in rows if r["kv_err"] is not None]
+    sourced = sum(1 for r in rows if r.get("source"))
+    return "\n".join([
+        f"cases: {len(rows)} ({len(booting)} boot, {len(failing)} fail; {sourced} name their source)",
+        f"booting refused: {sum(r['severity'] == 'refuse' for r in booting)}",
+        f"failing called fits/ok: {sum(r['verdict'] == 'fits' and r['severity'] == 'ok' for r in failing)}",
+        f"confident and right: {sum(r['confident'] for r in rows)} of {len(rows)}",
+        f"hedged (warn): {sum(r['severity'] == 'warn' for r in rows)} of {len(rows)}",
+        f"KV tokens within 10%: {sum(abs(r['kv_err']) <= 0.10 for r in kv)} of {len(kv)} that logged them",
+    ])
 
 
 if __name__ == "__main__":

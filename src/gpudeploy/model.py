@@ -290,6 +290,8 @@ class Unit:
     # a release gpudeploy has not captured, planned offline: the captured release whose flags it uses
     flags_release: str = ""
     group: Group | None = None  # set when the role spans hosts (nnodes > 1)
+    # an offline plan's flags that the stand-in release lacks but another captured release has
+    flag_notes: tuple[str, ...] = ()
 
     @property
     def key(self) -> str:

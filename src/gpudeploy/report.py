@@ -34,6 +34,7 @@ def unit_json(u: Unit) -> dict[str, Any]:
         "engine": u.role.engine,
         "engine_version": u.engine_version,
         "flags_release": u.flags_release or u.engine_version,
+        "flag_notes": list(u.flag_notes),
         "unit": u.name,
         "gpus": list(u.gpus),
         "numa_node": u.numa_node,
@@ -90,6 +91,7 @@ def plan_text(plan: Plan, *, show_files: bool = False) -> str:
             out.append(f"   flags    of {u.flags_release}, the nearest release gpudeploy has captured: "
                        f"{u.engine_version} is not captured, so `invoke deploy` reads its --help from "
                        f"{u.host.name} and checks the command line again before anything starts")
+        out.extend(f"   flags    warning: {note}" for note in u.flag_notes)
         out.append(f"   gpus     {gpus}   numa node {numa}   cpus {u.cpus or '-'}")
         bound = numa_binding(u)
         if bound is not None:
@@ -132,7 +134,9 @@ def unit_verdicts(plan: Plan) -> list[dict[str, Any]]:
         if u.flags_release:
             reasons.append(f"flags of {u.flags_release} until deploy reads {u.engine_version}'s own --help on "
                            f"{u.host.name}")
-        out.append({"unit": u.key, "verdict": v.severity, "reasons": reasons, "fix": v.fix})
+        reasons.extend(u.flag_notes)
+        severity = "warn" if u.flag_notes and v.severity == "ok" else v.severity
+        out.append({"unit": u.key, "verdict": severity, "reasons": reasons, "fix": v.fix})
     return out
 
 
@@ -197,6 +201,17 @@ def memory_line(mem: dict[str, Any], fix: str = "") -> str:
     if margin is not None:
         rows.append(f"              headroom margin {margin:+.2f} GiB, error band +-{mem['error_band_gib']:.2f} GiB"
                     f" (SGLang {mem.get('release_rules')} rules)")
+    terms = mem.get("band_terms") or {}
+    if terms and margin is not None:
+        rows.append("              band by term: " + ", ".join(f"{k} {v:+.2f}" if v < 0 else f"{k} +-{v:.2f}"
+                                                             for k, v in terms.items() if abs(v) >= 0.005))
+    table = mem.get("on_the_table") or {}
+    if table:
+        rows.append(f"              left on the table: {table['spare_gib']:.2f} GiB of headroom beyond the band; "
+                    f"mem_fraction_static {table['mem_fraction_static']} takes it: {table['kv_tokens']} KV tokens "
+                    f"(+{table['kv_tokens_gained']}), {table['running_requests']} running requests "
+                    f"(+{table['running_requests_gained']}), still {table['margin_gib']:.2f} GiB spare for a "
+                    f"+-{table['error_band_gib']:.2f} GiB band")
     inputs = mem.get("inputs") or []
     guessed = [i for i in inputs if not i.get("grounded")]
     if guessed:

@@ -98,7 +98,7 @@ def _with_health(**by_gpu: dict[str, Any]) -> dict[str, Any]:
 def _warnings(facts: dict[str, Any]) -> list[str]:
     from gpudeploy.apply.preflight import warnings
 
-    plan = load_plan(str(REPO / "inventory" / "lab.yml"), host="lab1", role="prefill", memory=False)
+    plan = load_plan(str(REPO / "lab" / "inventory" / "lab.yml"), host="lab1", role="prefill", memory=False)
     return warnings(list(plan.units), facts)
 
 

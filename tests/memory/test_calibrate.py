@@ -118,7 +118,7 @@ def test_a_failed_capture_makes_the_next_plan_predict_it_and_recommend_what_fits
     assert got.verdict == "oom-in-graph-capture"
     assert got.preload_free_gib == 93.52 and got.weights_gib == 34.02
     graphs = sum(v for k, v in got.headroom_breakdown.items() if k.endswith("_graphs"))
-    assert graphs >= 31.70                                 # at least the floor the OOM proves
+    assert graphs >= 31.70 - 1e-9                          # at least the floor the OOM proves
     fed = EngineSettings.from_settings({"mem_fraction_static": 0.70, **SPEC, **got.recommended}, tp_size=4)
     again = budget(95.0, model, fed, measured=measured, measured_settings=s, release="0.5.9")
     assert again.verdict == "fits" and again.margin_gib >= again.spare_wanted_gib

@@ -63,6 +63,19 @@ def test_the_next_plan_covers_the_logged_shortfall_and_says_why() -> None:
         assert "covers the last run's shortfall" in again.message and "7.50 GiB" in again.message
 
 
+def test_an_oom_in_the_verify_capture_scales_the_verify_graphs_not_the_draft_ones() -> None:
+    """The field's OOM came after "Capture target verify CUDA graph begin": its floor is what the verify
+    capture took. The draft's graphs are captured after the target's and were never reached: they keep
+    their estimate, so a smaller decode cap is not credited with shrinking what the run proved."""
+    m = parse_memory_log(field_log())
+    assert m.oom_phase == "graph-capture:verify"
+    estimate = budget(95.0, FIELD, FAILED, release="0.5.9")
+    learned = budget(95.0, FIELD, FAILED, m, release="0.5.9")
+    assert set(learned.graphs["scale_from_measurement"]) == {"verify_graphs"}
+    assert learned.headroom_breakdown["draft_graphs"] == pytest.approx(estimate.headroom_breakdown["draft_graphs"])
+    assert learned.headroom_breakdown["verify_graphs"] >= m.graph_floor_gib - 1e-9
+
+
 def test_plan_suggest_offers_the_fix_the_field_found() -> None:
     """The field's own fix was 0.60 with graphs capped at bs 16; after the OOM it is among the suggestions."""
     out = suggest(95.0, FIELD, FAILED, parse_memory_log(field_log()), release="0.5.9")

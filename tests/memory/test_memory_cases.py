@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,9 @@ def _settings(d: dict[str, Any]) -> EngineSettings:
 
 
 def _budget(case: dict[str, Any], settings: dict[str, Any] | None = None, **kw: Any) -> Any:
+    if case.get("logged") and "measured" not in kw:
+        # what the source's log said before the pools were sized: free memory before load, weights
+        kw = {**kw, "measured": Measured(**case["logged"]), "measured_settings": _settings(case["settings"])}
     return budget(case["capacity"], _model(case["model"]), _settings(settings or case["settings"]),
                   release=release_rules(case["release"]), **kw)
 
@@ -219,3 +223,14 @@ def test_the_hybrid_extra_buffer_case_is_fixed_without_extra_buffer() -> None:
     for hundredths in (80, 90, 95):     # what the operator tried
         tried = _budget(case, {**case["settings"], "mem_fraction_static": hundredths / 100})
         assert tried.severity == "refuse"
+
+
+def test_a_fixed_mamba_pool_that_leaves_no_kv_says_raise_the_fraction() -> None:
+    """Nemotron-3-Ultra at TP4 EP4 with max_mamba_cache_size 48 (KI-KUBE/dgxarley): 0.85 died with "Not
+    enough memory. Please try to increase --mem-fraction-static", 0.88 booted. The slots were asked for,
+    so SGLang's advice is right here: the reason names the floor, and the recommendation raises the fraction."""
+    case = _case("nemotron-3-ultra-ep4-gb10-f085")
+    b = _budget(case)
+    floor = float(re.search(r"raise it above ([\d.]+)", b.reason).group(1))  # type: ignore[union-attr]
+    assert 0.85 < floor < 0.88, b.reason
+    assert b.recommended.get("mem_fraction_static", 0) > floor, b.recommended

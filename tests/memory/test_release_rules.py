@@ -20,7 +20,8 @@ from gpudeploy.memory.defaults import (
     spec_defaults,
 )
 from gpudeploy.memory.gpuclass import gpu_class, preload_from_nvml
-from gpudeploy.memory.inputs import RELEASE_DRIFT_GIB
+from gpudeploy.memory.inputs import RELEASE_DRIFT_FLOOR_GIB, RELEASE_DRIFT_GIB
+from gpudeploy.memory.logparse import Measured
 from gpudeploy.memory.modelfacts import ModelFacts, model_facts_from_dir, model_facts_from_mapping
 from gpudeploy.memory.releases import CHECKED, release_rules
 from gpudeploy.memory.settings import EngineSettings
@@ -165,7 +166,31 @@ def test_what_is_assumed_is_said_and_widens_the_band() -> None:
 def test_a_release_not_read_borrows_the_older_rules_and_says_so() -> None:
     b = budget(79.19, model("qwen3-235b-a22b-fp8"), EngineSettings(tp_size=4), release="0.5.17")
     rules = next(i for i in b.inputs if i.name == "release rules")
-    assert not rules.grounded and "0.5.10" in rules.source and rules.band_gib == RELEASE_DRIFT_GIB
+    assert not rules.grounded and "0.5.10" in rules.source and "0.5.23" in rules.source
+    # past the newest release read there is nothing above to bound it: the table-wide drift
+    newer = budget(79.19, model("qwen3-235b-a22b-fp8"), EngineSettings(tp_size=4), release="0.6.0")
+    assert next(i for i in newer.inputs if i.name == "release rules").band_gib == RELEASE_DRIFT_GIB
+
+
+def test_an_unread_release_is_banded_by_how_far_its_read_neighbours_move_these_settings() -> None:
+    """Between two read releases the need moves by what their own arithmetic says for these settings
+    (at least RELEASE_DRIFT_FLOOR_GIB), not by the largest move over every setup ever seen."""
+    def band(b: Any) -> float:
+        return float(next(i for i in b.inputs if i.name == "release rules").band_gib)
+
+    # where 0.5.10's and 0.5.23's arithmetic agree, 0.5.17 is as sure as they are
+    agree = budget(79.19, model("qwen3-235b-a22b-fp8"), EngineSettings(tp_size=4), release="0.5.17")
+    assert band(agree) == RELEASE_DRIFT_FLOOR_GIB
+    # a multimodal hybrid at 0.5.14: 0.5.10 captures no prefill graphs for it, 0.5.23 does: that much band,
+    # and the verdict is still sure
+    s = EngineSettings(tp_size=1, mem_fraction_static=0.8, context_length=32768, max_running_requests=1)
+    logged = Measured(preload_free_gib=41.29, weights_gib=17.17)
+    hybrid = budget(119.7, model("qwen3.5-9b"), s, logged, release="0.5.14")
+    newer = budget(119.7, model("qwen3.5-9b"), s, logged, release="0.5.23")
+    assert "prefill_graphs" in newer.headroom_breakdown and "prefill_graphs" not in hybrid.headroom_breakdown
+    assert band(hybrid) == pytest.approx(abs(newer.headroom_needed_gib - hybrid.headroom_needed_gib))
+    assert "0.5.23's rules need" in next(i for i in hybrid.inputs if i.name == "release rules").source
+    assert (hybrid.verdict, hybrid.severity) == ("fits", "ok"), hybrid.reason
 
 
 def test_the_release_drift_band_covers_the_drift_between_checked_releases() -> None:
@@ -179,3 +204,16 @@ def test_the_release_drift_band_covers_the_drift_between_checked_releases() -> N
         needs = [evaluate(c["capacity"], m, s, Cal(), r).headroom_needed_gib for r in CHECKED if r.name >= "0.5"]
         worst = max([worst] + [abs(x - y) for x, y in itertools.pairwise(needs) if x and y])
     assert 0 < worst <= RELEASE_DRIFT_GIB
+
+
+@pytest.mark.parametrize("release", ["0.5.10", "0.5.23"])
+def test_dp_attention_sizes_each_ranks_request_pool_for_its_share(release: str) -> None:
+    """With DP attention every attention rank has its own request pool, of max_running_requests // dp
+    rows (0.5.10 model_runner_kv_cache_mixin.py:841-852, 0.5.23 kv_cache_configurator.py:3119-3131):
+    a 1024-request DeepSeek-V3 at DP8 holds 128 requests' tables per rank, not 1024."""
+    dsv3 = model_facts_from_dir(HERE / "fixtures" / "deepseek-v3")
+    s = EngineSettings(tp_size=8, dp_size=8, enable_dp_attention=True, mem_fraction_static=0.85,
+                       max_running_requests=1024)
+    got = budget(139.8, dsv3, s, release=release)
+    assert got.running_requests == 128
+    assert got.headroom_breakdown["req_to_token"] == pytest.approx(128 * (dsv3.context_length + 4) * 4 / 2**30)

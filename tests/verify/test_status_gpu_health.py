@@ -12,7 +12,7 @@ from gpudeploy.report import status_text
 from gpudeploy.verify.status import gpu_words, probe_spec, read_facts
 
 REPO = Path(__file__).resolve().parents[2]
-PLAN = load_plan(str(REPO / "inventory" / "lab.yml"), host="lab1", memory=False)
+PLAN = load_plan(str(REPO / "lab" / "inventory" / "lab.yml"), host="lab1", memory=False)
 LAB1 = PLAN.inventory.hosts["lab1"]
 UNITS = [u for u in PLAN.units if u.host.name == "lab1"]
 PREFILL = next(u for u in UNITS if u.role.name == "prefill")  # GPUs 0-3

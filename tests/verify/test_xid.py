@@ -99,7 +99,7 @@ def test_the_troubleshooting_page_lists_each_xid_of_the_table() -> None:
 
 
 def _unit() -> Any:
-    plan = load_plan(str(REPO / "inventory" / "lab.yml"), host="lab1", memory=False)
+    plan = load_plan(str(REPO / "lab" / "inventory" / "lab.yml"), host="lab1", memory=False)
     return next(u for u in plan.units if u.role.name == "prefill")  # GPUs 0-3
 
 

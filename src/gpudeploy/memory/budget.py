@@ -60,6 +60,7 @@ from .graphs import (
 from .hybrid import mamba_state, slots_per_request
 from .inputs import (
     MULTIMODAL_SHARE_OF_FREE,
+    RELEASE_DRIFT_FLOOR_GIB,
     RELEASE_DRIFT_GIB,
     SHAPE_SHARE_OF_WEIGHTS,
     SPEC_GIB_PER_VERIFY_TOKEN,
@@ -70,8 +71,10 @@ from .inputs import (
     describe,
 )
 from .modelfacts import GIB, ModelFacts
-from .releases import R0523, Release
-from .settings import KV_DTYPE_BYTES, EngineSettings
+from .releases import R0523, Release, checked_above
+from .settings import KV_DTYPE_BYTES, SSM_DTYPE_BYTES, EngineSettings
+from .speculative import fixed_buffer_bytes, spec_captures
+from .speculative import read as spec_read
 
 __all__ = ["CERTAIN", "SEVERITIES", "SPEC_RUNNING_DEFAULT", "SPEC_STEP_CAPS", "VERDICTS", "Budget", "Cal",
            "activations_gib", "capture_batch_sizes", "default_mem_fraction", "evaluate", "mamba_slots_per_request",
@@ -82,7 +85,6 @@ VERDICTS = ("fits", "uncertain", "oom-in-graph-capture", "kv-pool-empty", "weigh
 CERTAIN = ("kv-pool-empty", "weights-do-not-fit", "mamba-state-does-not-fit", "memory-pool-does-not-fit")
 SEVERITIES = ("ok", "warn", "refuse")
 
-SPEC_FIXED_GIB = 1.0              # EAGLE/MTP buffers (tree masks, hidden states): not measured
 DEEPEP_GIB = 2.0                  # SGLang reserves this for DeepEP all-to-all buffers (0.5.23)
 MLA_PREFILL_GRAPH_GIB = 1.5       # SGLang's own reserve: "MLA backend overhead is much higher"
 MISC_GIB = 0.3
@@ -95,8 +97,8 @@ def preload_free_gib(cap: float, tp: int, name: str | None = None) -> float:
     return gpu_class(cap, name).preload_free(cap, tp)[0]
 
 
-def mamba_slots_per_request(s: EngineSettings, rel: Release = R0523) -> int:
-    return slots_per_request(s, rel)
+def mamba_slots_per_request(s: EngineSettings, rel: Release = R0523, architecture: str = "") -> int:
+    return slots_per_request(s, rel, architecture)
 
 
 def activations_gib(model: ModelFacts, tp: int, chunk: int) -> float:
@@ -148,6 +150,11 @@ class Budget:
     gpu: str = ""
     lesson: str = ""                     # what a failed run taught (the recommendation covers it)
     mamba_strategy: str = ""
+    # the error band, term by term (GiB): the terms' measured error, then each assumed input's share
+    band_terms: dict[str, float] = field(default_factory=dict)
+    # a plain fit far above what the release needs: the fraction that takes the spare headroom within
+    # the band, and the KV tokens and running requests it buys (recommend.budget fills it)
+    on_the_table: dict[str, Any] = field(default_factory=dict)
 
     @property
     def fits(self) -> bool:
@@ -179,6 +186,8 @@ class Budget:
             "measured": dict(self.measured), "inputs": [i.to_json() for i in self.inputs],
             "assumed": [i.name for i in assumed(self.inputs)], "gpu_class": self.gpu, "lesson": self.lesson,
             "mamba_strategy": self.mamba_strategy,
+            "band_terms": {k: _r(v) for k, v in self.band_terms.items()},
+            "on_the_table": dict(self.on_the_table),
         }
 
 
@@ -207,31 +216,29 @@ class Cal:
 
 def _graph_families(model: ModelFacts, s: EngineSettings, rel: Release, cap: float, bs_max: int,
                     running: int, ctx: int, chunk: int, spec: tuple[int, int, int], tp: int,
-                    per_graph_table: bool) -> dict[str, GraphMemory]:
+                    per_graph_table: bool, backend: str) -> dict[str, GraphMemory]:
     """Predicted memory of each captured graph family (decode/verify, draft, prefill)."""
     out: dict[str, GraphMemory] = {}
-    steps, topk, draft_tokens = spec
     speculative = s.speculative_algorithm is not None
     local_attn = 1 if model.attention_chunk_size else 0
     pt = {"page_table_per_graph": per_graph_table}
     if decode_graphs_on(s, rel) and bs_max > 0:
         sizes = tuple(capture_batch_sizes(bs_max, speculative, rel, cap, pool_size=running))
         if speculative:
-            out["verify_graphs"] = capture_memory(model, tp, ctx, Capture(
-                sizes, draft_tokens, model.layers, draft_tokens, metadata_tables=4 + local_attn), rel, **pt)
+            draft_layers = max(1, model.mtp_layers) if not model.draft_weight_bytes else max(1, model.draft_layers)
+            caps = spec_captures(model, rel, backend, sizes, spec, draft_layers, bool(local_attn))
+            out["verify_graphs"] = capture_memory(model, tp, ctx, caps["verify"], rel, **pt)
             if s.has_draft:
-                draft_layers = max(1, model.mtp_layers) if not model.draft_weight_bytes else max(1, model.draft_layers)
-                decode = capture_memory(model, tp, ctx, Capture(sizes, topk, draft_layers * steps, topk, 0), rel,
-                                        first=False, **pt)
-                extend = capture_memory(model, tp, ctx, Capture(sizes, steps + 1, draft_layers, 1, 0), rel,
-                                        first=False, **pt)
+                decode = capture_memory(model, tp, ctx, caps["draft_decode"], rel, first=False, **pt)
+                extend = capture_memory(model, tp, ctx, caps["draft_extend"], rel, first=False, **pt)
                 out["draft_graphs"] = GraphMemory(0.0, decode.graph_exec + extend.graph_exec,
-                                                  decode.input_buffers + extend.input_buffers, 0.0,
+                                                  decode.input_buffers + extend.input_buffers,
+                                                  decode.attn_metadata + extend.attn_metadata,
                                                   max(decode.pool, extend.pool), decode.per_graph + extend.per_graph)
         else:
             out["cuda_graphs"] = capture_memory(model, tp, ctx, Capture(
                 sizes, 1, model.layers, 1, metadata_tables=1 + local_attn), rel, **pt)
-    if prefill_graphs_on(s, rel):
+    if prefill_graphs_on(s, rel, model, captured=True):
         tokens = prefill_graph_sizes(prefill_max_tokens(model, s, chunk))
         if tokens:
             out["prefill_graphs"] = capture_memory(model, tp, ctx, Capture(
@@ -287,8 +294,9 @@ def _kv_cell(model: ModelFacts, s: EngineSettings, rel: Release, spec_has_draft:
 
 def _inputs(model: ModelFacts, s: EngineSettings, rel: Release, cal: Cal, gpu: GpuClass, f: float, p_band: float,
             w: float, p: float, graphs_total: float, graphs_grounded: bool, dp_note: str,
-            verify_tokens: int = 0) -> tuple[Input, ...]:
-    """Every input, grounded or assumed, with its share of the band (:mod:`.inputs`)."""
+            verify_tokens: int = 0, drift: tuple[float, str] | None = None) -> tuple[Input, ...]:
+    """Every input, grounded or assumed, with its share of the band (:mod:`.inputs`); ``drift``: how far
+    the headroom need moves between the checked releases either side of an unread one, and which."""
     out: list[Input] = []
     measured_graphs = cal.graph_measured
     if "shape" in model.assumed:
@@ -305,8 +313,9 @@ def _inputs(model: ModelFacts, s: EngineSettings, rel: Release, cal: Cal, gpu: G
     if rel.checked:
         out.append(Input("release rules", True, f"SGLang {rel.name}, read from its wheel"))
     else:
-        out.append(Input("release rules", False, f"SGLang {rel.name} not read: {rel.checked_as}'s rules",
-                         RELEASE_DRIFT_GIB, f"a reading of {rel.name}'s server_args (gpudeploy/memory/releases.py)"))
+        band, between = (max(RELEASE_DRIFT_FLOOR_GIB, drift[0]), f"; {drift[1]}") if drift else (RELEASE_DRIFT_GIB, "")
+        out.append(Input("release rules", False, f"SGLang {rel.name} not read: {rel.checked_as}'s rules{between}",
+                         band, f"a reading of {rel.name}'s server_args (gpudeploy/memory/releases.py)"))
     if cal.preload_free_gib is not None:
         out.append(Input("free memory before load", cal.preload_band_gib == 0, cal.preload_source,
                          (1 - f) * cal.preload_band_gib, "the engine's own log line (Load weight begin)"))
@@ -315,11 +324,17 @@ def _inputs(model: ModelFacts, s: EngineSettings, rel: Release, cal: Cal, gpu: G
                          "NVML's reading at deploy or a measured run"))
     if s.speculative_algorithm is not None:
         measured_spec = measured_graphs and any(k in dict(cal.graph_scales) for k in ("verify_graphs", "draft_graphs"))
-        band = 0.0 if measured_spec else min(SPEC_GIB_PER_VERIFY_TOKEN * verify_tokens, SPEC_SHARE_OF_FREE * p)
-        out.append(Input("speculative graphs", measured_spec,
-                         "measured in a previous run" if measured_spec else
-                         f"draft and verify graphs and the draft runner, not measured on a device "
-                         f"({verify_tokens} verify tokens)", band, "a measured run of these settings"))
+        # the release's own arithmetic (:mod:`.speculative`) for a known shape: the graph terms' error
+        own = spec_read(rel) and "shape" not in model.assumed
+        if measured_spec or own:
+            out.append(Input("speculative graphs", True, "measured in a previous run" if measured_spec else
+                             f"SGLang {rel.name}'s draft and verify graphs ({verify_tokens} verify tokens)"))
+        else:
+            why = ("the model's shape is guessed, and with it the draft's" if "shape" in model.assumed
+                   else f"SGLang {rel.name}'s speculative graphs were not read")
+            band = min(SPEC_GIB_PER_VERIFY_TOKEN * verify_tokens, SPEC_SHARE_OF_FREE * p)
+            out.append(Input("speculative graphs", False, f"draft and verify graphs: {why} ({verify_tokens} "
+                             "verify tokens)", band, "the model's config.json, or a measured run of these settings"))
     if model.multimodal:
         out.append(Input("vision tower", False, "image encoder activations and caches, not modelled",
                          MULTIMODAL_SHARE_OF_FREE * p, "a measured run that served images at peak load"))
@@ -358,13 +373,20 @@ def evaluate(cap: float, model: ModelFacts, s: EngineSettings, cal: Cal, rel: Re
         notes.append(dp_note)
     cell, draft_cell = _kv_cell(model, s, rel, has_draft)
     ctx = s.context_length or model.context_length
-    per_req = model.state_bytes_per_request(max(1, tp // s.dp_size) if s.enable_dp_attention else tp)
+    per_req = model.state_bytes_per_request(max(1, tp // s.dp_size) if s.enable_dp_attention else tp,
+                                            SSM_DTYPE_BYTES.get(s.mamba_ssm_dtype or ""))
     wanted = wanted_running(s)
+    if wanted is not None and s.enable_dp_attention and s.dp_size > 1:
+        # each attention-DP rank serves its share of the requests: its request pool, mamba slots and
+        # captured batches are sized for max_running_requests // dp (0.5.10
+        # model_runner_kv_cache_mixin.py:841-852, 0.5.23 mem_cache/kv_cache_configurator.py:3119-3131)
+        wanted = max(1, wanted // s.dp_size)
     graphs_grounded = bool(cal.graph_scales) or not (
         s.enable_dp_attention or s.moe_a2a_backend != "none" or s.enable_torch_compile or s.enable_lora)
     backend = attention_backend(model, s, rel, gpu.hopper)
     per_graph_table = rel.per_graph_page_table and backend == "fa3"
     inputs = _inputs(model, s, rel, cal, gpu, f, p_band, w, p, 0.0, True, dp_note)
+    refusal = ""                 # SGLang refuses these settings at start (set below, hybrid models)
 
     def result(verdict: str, reason: str, **kw: Any) -> Budget:
         base: dict[str, Any] = dict(
@@ -377,6 +399,9 @@ def evaluate(cap: float, model: ModelFacts, s: EngineSettings, cal: Cal, rel: Re
             severity="refuse" if verdict in CERTAIN else "ok", notes=tuple(notes), inputs=inputs, gpu=gpu.name,
             lesson=cal.lesson)
         base.update(kw)
+        if refusal and base["severity"] == "ok":
+            # SGLang stops before sizing anything: whatever the memory says, it never starts
+            base.update(severity="warn", reason=f"{base['reason']}; but {refusal}")
         return Budget(**base)
 
     def arithmetic(verdict: str, short: float, band: float, reason: str, **kw: Any) -> Budget:
@@ -404,8 +429,11 @@ def evaluate(cap: float, model: ModelFacts, s: EngineSettings, cal: Cal, rel: Re
     strategy = ""
     kv_pool = rest
     if model.kind == "hybrid" and per_req > 0:
-        ms = mamba_state(rest, per_req, s, rel, wanted, draft_tokens if algo else 0)
+        ms = mamba_state(rest, per_req, s, rel, wanted, draft_tokens if algo else 0, model.architecture)
         strategy = ms.strategy
+        if ms.refused:
+            notes.append(ms.refused)
+            refusal = ms.refused
         state_gib, slots, served, kv_pool = ms.state_gib, max(ms.slots, 0), ms.served, ms.rest_gib
         asked = wanted or 1
         why = (f"the mamba state of {asked} running request(s) ({ms.strategy}, {ms.ratio} slot(s) per request"
@@ -413,6 +441,15 @@ def evaluate(cap: float, model: ModelFacts, s: EngineSettings, cal: Cal, rel: Re
                f"per slot) takes {state_gib:.2f} of the {rest:.2f} GiB KV budget")
         fix = ("lower max_running_requests, drop extra_buffer (mamba_scheduler_strategy no_buffer) or "
                "set max_mamba_cache_size; a higher mem_fraction_static only helps if the state fits at all")
+        if ms.failure == "kv-pool-empty" and s.max_mamba_cache_size is not None and not algo:
+            # the slots were asked for: the state is fixed, and only the fraction (or fewer slots) helps
+            floor = (w + state_gib) / p
+            return result("kv-pool-empty", f"max_mamba_cache_size {s.max_mamba_cache_size} fixes the mamba state at "
+                          f"{state_gib:.2f} GiB ({per_req / 2**20:.1f} MiB a slot), more than the {rest:.2f} GiB KV "
+                          f"budget that mem_fraction_static {f:.3f} leaves after {w:.2f} GiB of weights: SGLang says "
+                          f"\"Not enough memory. Please try to increase --mem-fraction-static\", and it is right: "
+                          f"raise it above {floor:.3f}, or lower max_mamba_cache_size",
+                          kv_pool_gib=kv_pool, state_gib=state_gib, state_slots=slots, mamba_strategy=strategy)
         if ms.failure == "kv-pool-empty":
             return result("kv-pool-empty", f"{why}, leaving nothing for the KV cache: SGLang says \"Not enough "
                           f"memory. Please try to increase --mem-fraction-static\", but the state is the cause: {fix}",
@@ -452,7 +489,7 @@ def evaluate(cap: float, model: ModelFacts, s: EngineSettings, cal: Cal, rel: Re
                           headroom_needed_gib=req_to_token, headroom_breakdown={"req_to_token": req_to_token},
                           **common_pool)
 
-    families = _graph_families(model, s, rel, cap, bs_max, running, ctx, chunk, spec, tp, per_graph_table)
+    families = _graph_families(model, s, rel, cap, bs_max, running, ctx, chunk, spec, tp, per_graph_table, backend)
     graph_gib = {k: cal.scale(k) * v for k, v in _shared_pool(families).items()}
     if s.enable_dp_attention and "cuda_graphs" in graph_gib:
         # not measured here: SGLang's own reserve for what DP attention's padded buffers take
@@ -471,7 +508,10 @@ def evaluate(cap: float, model: ModelFacts, s: EngineSettings, cal: Cal, rel: Re
     transient = max((g.peak_extra * cal.scale(k) for k, g in families.items()), default=0.0)
     br["activations"] = max(run_act, transient)
     if algo is not None:
-        br["spec_buffers"] = SPEC_FIXED_GIB
+        # the draft runners' own buffers (:func:`.speculative.fixed_buffer_bytes`); masks and kv
+        # indices are in the graph families
+        spec_bs = max(capture_batch_sizes(bs_max, True, rel, cap, pool_size=running), default=running)
+        br["spec_buffers"] = fixed_buffer_bytes(model, spec_bs, spec) / GIB
     if has_draft and not rel.draft_weights_static:
         br["draft_weights"] = draft_w
         br["draft_kv"] = tokens * draft_cell / GIB
@@ -487,12 +527,21 @@ def evaluate(cap: float, model: ModelFacts, s: EngineSettings, cal: Cal, rel: Re
     # a logged graph figure leaves only the noise between two runs of the same settings
     graph_band = (max(0.25, 0.1 * graphs_total) if cal.graph_measured
                   else error_band(graphs_total, True, comm))
-    rest_band = ACTIVATION_REL_ERROR * br["activations"] + br.get("spec_buffers", 0.0)
+    rest_band = ACTIVATION_REL_ERROR * br["activations"] + REL_ERROR * br.get("spec_buffers", 0.0)
     verify = families.get("verify_graphs")
     verify_tokens = (max(capture_batch_sizes(bs_max, True, rel, cap, pool_size=running), default=0) * draft_tokens
                      if verify is not None else (draft_tokens * running if algo else 0))
+    drift = None
+    above = checked_above(rel)
+    if not rel.checked and above is not None:
+        # an unread release between two read ones: its band is how far their arithmetic moves the
+        # headroom need for these very settings (the release below's rules are this one's)
+        other = evaluate(cap, model, s, cal, above, gpu)
+        if other.headroom_breakdown:
+            drift = (abs(other.headroom_needed_gib - needed),
+                     f"{above.name}'s rules need {other.headroom_needed_gib:.2f} GiB of headroom here")
     inputs = _inputs(model, s, rel, cal, gpu, f, p_band, w, p, graphs_total, graphs_grounded, dp_note,
-                     verify_tokens)
+                     verify_tokens, drift)
     guessed = sum(i.band_gib for i in assumed(inputs))
     # a floor a failed run proved replaces part of what the guesses allowed for
     guessed = max(0.0, guessed - cal.learned_gib)
@@ -505,9 +554,16 @@ def evaluate(cap: float, model: ModelFacts, s: EngineSettings, cal: Cal, rel: Re
     detail: dict[str, Any] = {k: g.to_json() for k, g in families.items()}
     detail["scale_from_measurement"] = {k: _r(v) for k, v in cal.graph_scales}
     detail["attention_backend"] = backend
+    # per term: what is the release's own arithmetic with its measured error, what is assumed
+    band_terms = {"CUDA graphs (measured error of the terms)": graph_band,
+                  "activations and speculative buffers (measured error)": rest_band}
+    band_terms.update({f"{i.name} (assumed)": i.band_gib for i in assumed(inputs) if i.band_gib > 0})
+    if cal.learned_gib and guessed < sum(i.band_gib for i in assumed(inputs)):
+        band_terms["a failed run's proven floor (replaces assumed GiB)"] = -min(
+            cal.learned_gib, sum(i.band_gib for i in assumed(inputs)))
     common = dict(headroom_needed_gib=needed, headroom_breakdown=br, headroom_available_gib=available,
                   error_band_gib=band, spare_wanted_gib=spare, graphs=detail, notes=tuple(notes), inputs=inputs,
-                  **common_pool)
+                  band_terms=band_terms, **common_pool)
     margin = available - needed
     what = (f"CUDA graphs {graphs_total:.2f} GiB (decode bs up to {bs_max}"
             + (f", prefill up to {max(prefill_graph_sizes(prefill_max_tokens(model, s, chunk)), default=0)} tokens"

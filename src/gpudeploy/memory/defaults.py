@@ -79,14 +79,36 @@ def prefill_graph_sizes(max_tokens: int) -> list[int]:
     return [t for t in sizes if t <= max_tokens]
 
 
-def prefill_graphs_on(s: EngineSettings, rel: Release) -> bool:
-    """Whether the release captures prefill graphs for these settings."""
+# 0.5.10 configs/model_config.py:1352-1358: piecewise prefill graphs never for these architectures
+PIECEWISE_OFF_ARCHS = ("DeepseekV32ForCausalLM", "Qwen3NextForCausalLM", "GlmMoeDsaForCausalLM",
+                       "BailingMoeV2_5ForCausalLM", "LLaDAModelLM")
+# 0.5.23 configs/model_config.py:2501-2516: multimodal architectures whose breakable prefill graphs stay on
+BREAKABLE_MULTIMODAL_ARCHS = ("MiniMaxM3SparseForConditionalGeneration", "Cohere2VisionForConditionalGeneration",
+                              "Glm5NextForConditionalGeneration", "InternS2MobiusForConditionalGeneration",
+                              "PaddleOCRVLForConditionalGeneration", "Qwen3_5ForConditionalGeneration",
+                              "Qwen3_5MoeForConditionalGeneration", "Qwen4ExpForConditionalGeneration",
+                              "KimiK3ForConditionalGeneration", "KimiK25ForConditionalGeneration")
+
+
+def prefill_graphs_on(s: EngineSettings, rel: Release, model: ModelFacts | None = None, *,
+                      captured: bool = False) -> bool:
+    """Whether the release turns prefill graphs on for these settings (``captured``: and really captures
+    them, after the model runner's own checks, which the default fraction's reserve does not see)."""
     if s.disable_prefill_cuda_graph or rel.prefill_graphs == "none":
         return False
+    arch = model.architecture if model is not None else ""
+    multimodal = model is not None and model.multimodal
     if rel.prefill_graphs == "piecewise":      # 0.5.10: _handle_piecewise_cuda_graph
+        if captured and (multimodal or arch in PIECEWISE_OFF_ARCHS):
+            return False                       # 0.5.10 server_args.py:1086-1087 and :1110-1111
         return not (s.speculative_algorithm or s.enable_dp_attention or s.enable_torch_compile
                     or s.moe_a2a_backend != "none" or s.disaggregation_mode != "null" or s.enable_lora)
-    return s.disaggregation_mode != "decode"   # 0.5.23: breakable prefill graphs on CUDA
+    if s.disaggregation_mode == "decode":      # 0.5.23: breakable prefill graphs on CUDA
+        return False
+    # 0.5.23 arg_groups/cuda_graph_hook.py:229-238. Gated-delta-net layers count as attention layers
+    # for the runner's standard-GQA check (model_runner_components/layer_setup.py:58-62), so a Qwen3.5 /
+    # Qwen3-Next captures them (a public 0.5.17-era Qwen3.5-4B log: 58 buckets, "cuda graph: True")
+    return not (captured and multimodal and arch not in BREAKABLE_MULTIMODAL_ARCHS)
 
 
 def decode_graphs_on(s: EngineSettings, rel: Release) -> bool:
@@ -249,9 +271,15 @@ def attention_backend(model: ModelFacts, s: EngineSettings, rel: Release, hopper
     """The backend the release picks; only FA3 before PR #8567 keeps a page table per graph."""
     if s.attention_backend:
         return s.attention_backend
+    topk_one = s.speculative_algorithm is None or (s.speculative_eagle_topk or spec_of(s, model, rel)[1]) == 1
+    if version_key(rel.name) >= (0, 5, 9):
+        # 0.5.9 server_args.py:1797-1834, 0.5.23 arg_groups/model_override_base.py:302-345: FA3 on Hopper
+        # (MHA only without topk > 1); Blackwell's trtllm_mha is not modelled (flashinfer's buffers)
+        if hopper and (topk_one or model.kind == "mla"):
+            return "fa3"
+        return "flashinfer" if model.kind != "mla" else "triton"
     if not rel.fa3_default:
         return "flashinfer" if model.kind != "mla" else "triton"
-    topk_one = s.speculative_algorithm is None or (s.speculative_eagle_topk or spec_of(s, model, rel)[1]) == 1
     if hopper and topk_one and (model.kind == "mla" or model.architecture in FA3_ARCHS):
         return "fa3"
     return "flashinfer" if model.kind != "mla" else "triton"

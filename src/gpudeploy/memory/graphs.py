@@ -77,6 +77,9 @@ class Capture:
     logits_rows_per_size: int = 1  # rows of logits per batch entry (prefill: 1 per graph)
     metadata_tables: int = 1      # page tables of max_bs x context
     prefill: bool = False
+    # when set: bytes the attention backend keeps per captured request and context position, which
+    # replaces the page tables (the speculative families' kv indices and masks, :mod:`.speculative`)
+    metadata_row_bytes: int = 0
 
     @property
     def max_tokens(self) -> int:
@@ -153,7 +156,10 @@ def capture_memory(model: ModelFacts, tp: int, context_len: int, cap: Capture, r
     logits_buf = rows * model.vocab_size * 4 if release.shared_logits_buffer else 0
     input_buffers = (logits_buf + tokens * (2 * model.hidden_size + 48)) / GIB
     metadata_rows = 1 if cap.prefill else max(cap.sizes)
-    attn_metadata = cap.metadata_tables * metadata_rows * context_len * 4 / GIB
+    if cap.metadata_row_bytes:
+        attn_metadata = metadata_rows * context_len * cap.metadata_row_bytes / GIB
+    else:
+        attn_metadata = cap.metadata_tables * metadata_rows * context_len * 4 / GIB
     live = max(logits_live_bytes(model, tp, rows), layer_live_bytes(model, tp, tokens))
     pool = POOL_FIXED_GIB + POOL_FACTOR * live / GIB
     per_graph = 0.0

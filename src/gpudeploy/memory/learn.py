@@ -27,6 +27,9 @@ from .releases import Release
 from .settings import EngineSettings
 
 GRAPH_FAMILIES = ("cuda_graphs", "verify_graphs", "draft_graphs", "prefill_graphs")
+# the family an OOM's phase names ("graph-capture:verify")
+PHASE_FAMILY = {"decode": "cuda_graphs", "verify": "verify_graphs", "draft": "draft_graphs",
+                "prefill": "prefill_graphs"}
 MEASURED_FAMILY = {"graph_gib": ("cuda_graphs", "verify_graphs"), "draft_graph_gib": ("draft_graphs",),
                    "prefill_graph_gib": ("prefill_graphs",)}
 PHASE_WORDS = {
@@ -98,6 +101,20 @@ def calibration(cap: float, model: ModelFacts, s: EngineSettings, measured: Meas
     graphs = sum(predicted.headroom_breakdown.get(f, 0.0) for f in GRAPH_FAMILIES)
     br = predicted.headroom_breakdown
     available = predicted.headroom_available_gib
+    family = PHASE_FAMILY.get((measured.oom_phase or "").partition(":")[2], "")
+    if failure == "oom-in-graph-capture" and measured.graph_floor_gib is not None and br.get(family, 0.0) > 0:
+        # the floor is what the family under capture took from its own "begin" line to the OOM: it
+        # scales that family; the families captured after it (a draft's, after the target's) were
+        # never reached and keep their estimate
+        own = br[family]
+        others = predicted.headroom_needed_gib - own
+        scale = max(1.0, measured.graph_floor_gib / own, (available * 1.01 - others) / own)
+        need = others + scale * own
+        lesson = (f"the last run ({_settings_words(s)}) died {where}: {tried}; that capture took at least "
+                  f"{measured.graph_floor_gib:.2f} GiB, so it needed at least {need:.2f} GiB of headroom where "
+                  f"it had {available:.2f} GiB ({max(0.0, need - available):.2f} GiB short)")
+        return replace(cal, graph_scales=((family, scale),), lesson=lesson,
+                       learned_gib=max(0.0, need - predicted.headroom_needed_gib))
     if failure == "oom-in-graph-capture" and graphs > 0:
         # whatever the figures, dying in capture proves the need exceeded that headroom
         others = predicted.headroom_needed_gib - graphs

@@ -113,6 +113,7 @@ class ModelFacts:
     attention_weight_bytes: int = 0        # all layers' attention weights at TP1 (DP attention keeps them whole)
     assumed: tuple[str, ...] = ()          # which facts are guesses (empty: read or given as known)
     source: str = ""
+    ssm_dtype_bytes: int = 4               # hybrid: the SSM state's element size (config.json mamba_ssm_dtype)
 
     # ---- derived sizes -------------------------------------------------------------------
     def kv_bytes_per_token(self, tp: int = 1, kv_dtype_bytes: int | None = None) -> int:
@@ -133,13 +134,17 @@ class ModelFacts:
         layers = self.full_attention_layers if self.kind == "hybrid" else self.layers
         return self.kv_bytes_per_token(tp, kv_dtype_bytes) / max(1, layers)
 
-    def state_bytes_per_request(self, tp: int = 1) -> int:
-        """Hybrid models: conv + ssm state of one request on one rank, all linear layers."""
+    def state_bytes_per_request(self, tp: int = 1, ssm_dtype_bytes: int | None = None) -> int:
+        """Hybrid models: conv + ssm state of one request on one rank, all linear layers
+        (``ssm_dtype_bytes``: ``--mamba-ssm-dtype``'s element size, when it overrides the model's).
+        Given as one number (``state_bytes_per_request``) the SSM part is not told apart from the conv
+        window: a dtype override scales the whole (the conv window is 1-2 % of a GDN or Mamba2 state)."""
         if self.kind != "hybrid":
             return 0
+        scale = (ssm_dtype_bytes or self.ssm_dtype_bytes) / self.ssm_dtype_bytes
         if self.state_bytes_override is not None:
-            return math.ceil(self.state_bytes_override / tp)
-        return math.ceil((self.conv_state_bytes + self.ssm_state_bytes) * self.linear_layers / tp)
+            return math.ceil(self.state_bytes_override * scale / tp)
+        return math.ceil((self.conv_state_bytes + self.ssm_state_bytes * scale) * self.linear_layers / tp)
 
     def target_weight_bytes(self) -> int:
         """Checkpoint bytes the target model loads (MTP layers excluded)."""
@@ -430,9 +435,14 @@ def model_facts_from_dir(path: str | Path) -> ModelFacts:
     full, linear, conv, ssm = _hybrid_layout(cfg, where, layers)
     attn = attention_weight_bytes("mha", full, hidden, heads, kv_heads, head_dim, 0, 0, 0, 0, 0, weight_dtype)
     if linear:
+        # the SSM state's dtype: config.json's mamba_ssm_dtype (text_config's for a VL model), else
+        # float32 (SGLang's configs/mamba_utils.py mamba2_state_dtype); _hybrid_layout counts 4 bytes
+        ssm_name = str(cfg.get("mamba_ssm_dtype") or "float32").replace("torch.", "")
+        ssm_bytes = _DTYPE_BYTES.get(ssm_name, 4)
         return ModelFacts(kind="hybrid", kv_heads=kv_heads, head_dim=head_dim,
-                          full_attention_layers=full, linear_layers=linear,
-                          conv_state_bytes=conv, ssm_state_bytes=ssm, attention_weight_bytes=attn, **common)
+                          full_attention_layers=full, linear_layers=linear, conv_state_bytes=conv,
+                          ssm_state_bytes=ssm * ssm_bytes // 4, ssm_dtype_bytes=ssm_bytes,
+                          attention_weight_bytes=attn, **common)
     return ModelFacts(kind="mha", kv_heads=kv_heads, head_dim=head_dim,
                       full_attention_layers=layers, attention_weight_bytes=attn, **common)
 

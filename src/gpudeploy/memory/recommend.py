@@ -127,7 +127,8 @@ def _bases(ctx: _Ctx, s: EngineSettings) -> Iterator[EngineSettings]:
                 yield base
                 if run is not None and s.max_mamba_cache_size is None:
                     # slots for exactly the requests asked for, instead of SGLang's share of the pool
-                    yield replace(base, max_mamba_cache_size=run * slots_per_request(base, ctx.rel))
+                    ratio = slots_per_request(base, ctx.rel, ctx.model.architecture)
+                    yield replace(base, max_mamba_cache_size=run * ratio)
 
 
 def _caps(ctx: _Ctx, base: EngineSettings) -> list[int | None]:
@@ -279,9 +280,33 @@ def budget(gpu_capacity_gib: float, model: ModelFacts, settings: EngineSettings,
             b = replace(b, verdict=verdict, severity="refuse",
                         reason=f"these settings failed in the last run: {lesson}; {b.reason}")
     if b.verdict == "fits" and b.severity == "ok":
-        return b
+        return replace(b, on_the_table=left_on_the_table(ctx, settings, b))
     rec, more, msg = _recommend(ctx, settings, b.verdict)
     return replace(b, recommended=rec, needs_more_gpus=more, message=msg)
+
+
+# below this much more headroom than the band wants, the spare is not worth a setting of its own
+TABLE_MIN_GIB = 1.0
+
+
+def left_on_the_table(ctx: _Ctx, s: EngineSettings, b: Budget) -> dict[str, Any]:
+    """What a plain fit leaves unused: where the headroom is more than the band wants by
+    :data:`TABLE_MIN_GIB` or more, the largest fraction that still fits with the band to spare
+    (the same search a recommendation makes) and the KV tokens and running requests it buys."""
+    spare = b.margin_gib - b.spare_wanted_gib
+    if spare < TABLE_MIN_GIB or not b.headroom_breakdown:
+        return {}
+    hit = _largest_fraction(ctx, s)
+    if hit is None or (hit[0].mem_fraction_static or 0) <= b.fraction:
+        return {}
+    new, got = hit
+    if got.kv_tokens <= b.kv_tokens:
+        return {}
+    return {"spare_gib": round(spare, 3), "mem_fraction_static": new.mem_fraction_static,
+            "kv_tokens": got.kv_tokens, "kv_tokens_gained": got.kv_tokens - b.kv_tokens,
+            "running_requests": got.running_requests,
+            "running_requests_gained": got.running_requests - b.running_requests,
+            "margin_gib": round(got.margin_gib, 3), "error_band_gib": round(got.error_band_gib, 3)}
 
 
 def suggest(gpu_capacity_gib: float, model: ModelFacts, settings: EngineSettings,

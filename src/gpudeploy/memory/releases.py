@@ -34,10 +34,14 @@ of the estimate, :mod:`.inputs`). Each rule names where it lives:
 * before 0.4.10 every captured graph kept its own fp32 logits (0.4.10 adds ``next_token_logits_buffer``).
 * draft weights: up to 0.5.10 the draft worker is built after the target sized its KV pool, so its
   weights come out of the headroom; 0.5.23 counts them as static memory (kv_cache_configurator.py).
-* mamba state: up to 0.5.10 the speculative intermediate states of max_running_requests are taken off
-  the top before the state slots are sized (``handle_max_mamba_cache``); 0.5.23 solves both together and
-  caps running requests at what fits. Slots per request: 3, +2 extra_buffer with the overlap scheduler,
-  +1 without it (speculative decoding turns overlap off up to 0.5.10), +1 extra_buffer_lazy (0.5.23).
+* mamba state (:mod:`.hybrid`, with file:line per release): the speculative intermediate states off
+  the top to 0.5.12, solved together with the slots from 0.5.13, with a padding slot from 0.5.17;
+  ``auto`` becomes extra_buffer from 0.5.14; no_buffer + speculative + radix cache refused to 0.5.13.
+  Slots per request: 3, +2 extra_buffer with the overlap scheduler, +1 without it (speculative
+  decoding turns overlap off to 0.5.10; spec v2, the default from 0.5.11, keeps it), +1 extra_buffer_lazy.
+
+A release between two checked ones takes the rules below it, except the terms :data:`MOVES` names:
+those were read from every wheel 0.5.9 - 0.5.23 and are exact for it (``Release.read_terms``).
 """
 
 from __future__ import annotations
@@ -80,10 +84,15 @@ class Release:
     per_graph_page_table: bool            # FA3 kept a page-table copy per captured graph
     fa3_default: bool = False             # 0.4.6 - 0.4.9: FA3 by default on Hopper for some models
     spec_tp_table_adjust: bool = False    # 0.4.7's speculative tweaks of the tp-table fraction
-    mamba_joint: bool = False             # 0.5.23 solves mamba slots and speculative states together
-    lazy_strategy: bool = False           # 0.5.23 has extra_buffer_lazy
+    mamba_sizing: str = "off-top"         # "off-top" (<= 0.5.12) | "joint" (0.5.13-0.5.16) | "joint-padded"
+    lazy_strategy: bool = False           # extra_buffer_lazy exists (0.5.13 on)
+    auto_extra_buffer: bool = False       # mamba strategy auto becomes extra_buffer (0.5.14 on)
+    # no_buffer + speculative + radix cache: "radix-off" (0.5.9 turns it off), "refused" (0.5.10 - 0.5.13),
+    # "kept" (0.5.14 on: 3 slots per request)
+    spec_no_buffer: str = "radix-off"
     checked: bool = True                  # read from this release's own wheel
     checked_as: str = ""                  # the checked release whose rules an unchecked one borrows
+    read_terms: tuple[str, ...] = ()      # an unchecked release's terms read from its own wheel (MOVES)
 
     @property
     def legacy_capture_list(self) -> bool:
@@ -118,15 +127,33 @@ R052 = replace(R051, name="0.5.2")
 R053 = Release("0.5.3", _TIERS_059, "formula", "vit", "llama-548", "tiered", shared_logits_buffer=True,
                per_graph_page_table=False, **_OLD)  # type: ignore[arg-type]
 R059 = replace(R053, name="0.5.9")
-R0510 = replace(R059, name="0.5.10", eagle_reserve_mib=4096, append_max_bs=True, prefill_graphs="piecewise")
+R0510 = replace(R059, name="0.5.10", eagle_reserve_mib=4096, append_max_bs=True, prefill_graphs="piecewise",
+                spec_no_buffer="refused")
 R0523 = Release("0.5.23", _TIERS_0523, "formula", "vit", "llama-548", "tiered", eagle_reserve_mib=0,
                 standalone_reserve_mib=0, append_max_bs=True, prefill_graphs="breakable", deepep_reserve=True,
                 cap_decode_bs_at_running=True, draft_weights_static=True, spec_keeps_overlap=True,
-                shared_logits_buffer=True, per_graph_page_table=False, mamba_joint=True, lazy_strategy=True)
+                shared_logits_buffer=True, per_graph_page_table=False, mamba_sizing="joint-padded",
+                lazy_strategy=True, auto_extra_buffer=True, spec_no_buffer="kept")
 CHECKED = (R045, R046, R047, R048, R049, R0410, R051, R052, R053, R059, R0510, R0523)
 RELEASES = {r.name: r for r in (*CHECKED, PR8567)}
 # the names the validation table used before these eras were read ("0.4": before PR #8567)
 ALIASES = {"0.4": "0.4.7", "0.4.10-pre": "0.4.9+pr8567"}
+
+
+# Terms read from every wheel 0.5.9 - 0.5.23 (file:line in :mod:`.hybrid` and below): the first release
+# with each value. A release between two checked ones gets these exactly, whatever it borrows else.
+MOVES: tuple[tuple[tuple[int, ...], str, dict[str, object]], ...] = (
+    # spec v2 by default (0.5.11 environ.py:459): speculative decoding keeps the overlap scheduler
+    ((0, 5, 11), "speculative overlap", {"spec_keeps_overlap": True}),
+    # 0.5.13 model_runner_kv_cache_mixin.py:82-170: slots and intermediate states solved together
+    ((0, 5, 13), "mamba state", {"mamba_sizing": "joint", "lazy_strategy": True}),
+    # 0.5.14: draft weights and draft KV are static memory (model_runner_kv_cache_mixin.py:102,
+    # pool_configurator.py:136); auto -> extra_buffer (server_args.py:4385); no_buffer + spec allowed
+    ((0, 5, 14), "draft weights and mamba strategy", {"draft_weights_static": True, "auto_extra_buffer": True,
+                                                     "spec_no_buffer": "kept"}),
+    # 0.5.17 mem_cache/kv_cache_configurator.py:1816-1960: each pool's padding slot
+    ((0, 5, 17), "mamba padding slot", {"mamba_sizing": "joint-padded"}),
+)
 
 
 def version_key(version: str) -> tuple[int, ...]:
@@ -134,6 +161,16 @@ def version_key(version: str) -> tuple[int, ...]:
     (stdlib only: the same reading as ``gpudeploy.versions.release_tuple``'s fallback)."""
     m = re.match(r"v?(\d+(?:\.\d+){0,2})", version.strip().lower())
     return tuple(int(x) for x in m.group(1).split(".")) if m else ()
+
+
+def checked_above(rel: Release) -> Release | None:
+    """The first checked release above an unread one (None for a checked one, or past the newest)."""
+    if rel.checked or not rel.checked_as:
+        return None
+    key = version_key(rel.name)
+    if key < version_key(CHECKED[0].name):
+        return None                      # older than any wheel read: nothing either side
+    return next((r for r in CHECKED if version_key(r.name) > key), None)
 
 
 def release_rules(version: str | None) -> Release:
@@ -152,4 +189,12 @@ def release_rules(version: str | None) -> Release:
     base = below[-1] if below else CHECKED[0]
     if version_key(base.name) == key:        # 0.5.9.post1, 0.4.6.post5: the release the wheel was
         return base
-    return replace(base, name=version, checked=False, checked_as=base.name)
+    moved: dict[str, object] = {}
+    read: list[str] = []
+    if version_key(base.name) >= (0, 5, 9) and key <= (0, 5, 23):   # read from every wheel between
+        for since, term, fields in MOVES:
+            if version_key(base.name) < since <= key:
+                moved.update(fields)
+            read.append(term)
+    return replace(base, name=version, checked=False, checked_as=base.name, read_terms=tuple(read),
+                   **moved)  # type: ignore[arg-type]

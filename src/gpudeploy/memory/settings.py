@@ -15,6 +15,8 @@ KV_DTYPE_BYTES: dict[str, float | None] = {
     "auto": None, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "fp8_e5m2": 1, "fp8_e4m3": 1,
     "mxfp8": 1, "nvfp4": 0.5625, "fp4_mx_block16": 0.5625}
 DISAGG_MODES = ("null", "prefill", "decode")
+# --mamba-ssm-dtype: bytes of one SSM state element (configs/mamba_utils.py:47-104)
+SSM_DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 # release-specific spellings accepted by EngineSettings.from_settings
 _ALIASES = {
@@ -69,6 +71,7 @@ class EngineSettings:
     max_mamba_cache_size: int | None = None     # hybrid models: state slots, instead of SGLang's own sizing
     max_total_tokens: int | None = None         # caps the KV pool
     attention_backend: str | None = None        # SGLang picks one by model, GPU and release when unset
+    mamba_ssm_dtype: str | None = None          # hybrid models: the SSM state's dtype (config.json's when unset)
 
     @classmethod
     def from_settings(cls, settings: Mapping[str, Any], tp_size: int, where: str = "settings") -> EngineSettings:
@@ -118,6 +121,9 @@ class EngineSettings:
         kvd = str(vals.get("kv_cache_dtype", "auto"))
         if kvd not in KV_DTYPE_BYTES:
             bad("kv_cache_dtype", f"unknown kv_cache_dtype {kvd!r}")
+        ssm = vals.get("mamba_ssm_dtype")
+        if ssm is not None and str(ssm) not in SSM_DTYPE_BYTES:
+            bad("mamba_ssm_dtype", f"mamba_ssm_dtype must be one of {', '.join(SSM_DTYPE_BYTES)}, got {ssm!r}")
         mode = str(vals.get("disaggregation_mode", "null"))
         if mode not in DISAGG_MODES:
             bad("disaggregation_mode", f"disaggregation_mode must be one of {DISAGG_MODES}")

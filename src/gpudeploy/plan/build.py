@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import jinja2
@@ -173,10 +173,13 @@ def _unit(inv: Inventory, host: Host, deployment: str, role: Role, placed: Place
     stem = unit_stem(deployment, role.name)
     state_dir = f"{STATE_ROOT}/gpudeploy/{stem}"
     argv: list[str] = []
+    # a flag the stand-in release lacks but another captured one has: a warning, never a refusal
+    stand_in = Speaking(version if spelling and spelling != version else None, [])
     if role.engine == "sglang" and spelling:
-        argv = _sglang_argv(host, role, spelling, my_ports, problems, group)
+        argv = _sglang_argv(host, role, spelling, my_ports, problems, group, stand_in)
     elif role.engine == "sglang_router" and spelling:
-        argv = _router_argv(inv, deployment, host, role, spelling, my_ports, all_ports, problems, groups or {})
+        argv = _router_argv(inv, deployment, host, role, spelling, my_ports, all_ports, problems, groups or {},
+                            stand_in)
     elif role.engine == "command":
         argv = _command_argv(host, role, placed, my_ports, state_dir, renderer, problems)
     # An engine's flag values never hold a newline: one there is a mistake (a folded `>` YAML
@@ -235,7 +238,7 @@ def _unit(inv: Inventory, host: Host, deployment: str, role: Role, placed: Place
         state_dir=state_dir,
         health_url=f"http://{host.address}:{my_ports['http']}{role.health.path}" if "http" in my_ports else "",
         files={unit_path: unit_text, env_path: env_text}, group=group,
-        flags_release=spelling if spelling and spelling != version else "",
+        flags_release=spelling if spelling and spelling != version else "", flag_notes=tuple(stand_in.notes),
     )
     if host.supervisor == "process":  # no systemd there: the process supervisor's JSON spec instead
         path = spec_path(name)
@@ -267,8 +270,18 @@ def render_env(renderer: Renderer, unit: str, host: str, role: str, env: dict[st
                            host=host, role=role)
 
 
+@dataclass(frozen=True)
+class Speaking:
+    """The release a stand-in release's flags speak for (None: its own), and what that left unsure."""
+
+    planned: str | None
+    notes: list[str]
+
+
 def _sglang_argv(host: Host, role: Role, version: str, ports: dict[str, int],
-                 problems: list[Problem], group: Group | None = None) -> list[str]:
+                 problems: list[Problem], group: Group | None = None,
+                 stand_in: Speaking | None = None) -> list[str]:
+    stand_in = stand_in or Speaking(None, [])
     argv = [role.python or host.python, "-m", MODULES["sglang"], "--model-path", str(role.model.get("path", "")),
             "--tp-size", str(role.tp_size), "--host", host.bind_address, "--port", str(ports["http"])]
     if group is not None:
@@ -277,14 +290,17 @@ def _sglang_argv(host: Host, role: Role, version: str, ports: dict[str, int],
         argv += ["--nccl-port", str(ports["nccl"])]
     if "bootstrap" in ports:
         argv += ["--disaggregation-bootstrap-port", str(ports["bootstrap"])]
-    argv += settings_args(host, role, version, role.settings, problems)
-    check_args(host, role, version, role.extra_args, "extra_args", problems)
+    argv += settings_args(host, role, version, role.settings, problems, planned=stand_in.planned,
+                          notes=stand_in.notes)
+    check_args(host, role, version, role.extra_args, "extra_args", problems, planned=stand_in.planned,
+               notes=stand_in.notes)
     return argv + list(role.extra_args)
 
 
 def _router_argv(inv: Inventory, deployment: str, host: Host, role: Role, version: str, ports: dict[str, int],
                  all_ports: dict[str, dict[str, dict[str, int]]], problems: list[Problem],
-                 groups: dict[tuple[str, str, str], Group]) -> list[str]:
+                 groups: dict[tuple[str, str, str], Group], stand_in: Speaking | None = None) -> list[str]:
+    stand_in = stand_in or Speaking(None, [])
     argv = [role.python or host.python, "-m", MODULES["sglang_router"]]
     if role.upstreams.get("prefill") or role.upstreams.get("decode"):
         argv.append("--pd-disaggregation")
@@ -318,8 +334,10 @@ def _router_argv(inv: Inventory, deployment: str, host: Host, role: Role, versio
                 else:
                     argv += ["--worker-urls", url]
     argv += ["--host", host.bind_address, "--port", str(ports["http"])]
-    argv += settings_args(host, role, version, role.settings, problems)
-    check_args(host, role, version, role.extra_args, "extra_args", problems)
+    argv += settings_args(host, role, version, role.settings, problems, planned=stand_in.planned,
+                          notes=stand_in.notes)
+    check_args(host, role, version, role.extra_args, "extra_args", problems, planned=stand_in.planned,
+               notes=stand_in.notes)
     return argv + list(role.extra_args)
 
 

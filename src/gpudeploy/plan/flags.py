@@ -140,13 +140,21 @@ def flag_for(program: str, version: str, name: str, host: str | None = None) -> 
 
 
 def settings_args(host: Host, role: Role, version: str, settings: dict[str, Any],
-                  problems: list[Problem]) -> list[str]:
-    """Render ``settings`` as argv for ``role``'s engine, recording every invalid flag or value."""
+                  problems: list[Problem], *, planned: str | None = None,
+                  notes: list[str] | None = None) -> list[str]:
+    """Render ``settings`` as argv for ``role``'s engine, recording every invalid flag or value.
+
+    ``planned`` is the release the host runs when ``version`` only stands in for it (an offline plan of
+    a release gpudeploy has not captured): a flag or value that ``version`` lacks but another captured
+    release has may well be in ``planned`` too, so it is rendered as that release spells it and said
+    in ``notes``, not refused; deploy reads the host's own --help and checks the line again."""
     program = PROGRAM[role.engine]
     flags = release_flags(program, version, host.name)
     reserved = RESERVED.get(role.engine, {})
     args: list[str] = []
     for name, value in settings.items():
+        said: list[str] = []
+
         def fail(message: str, name: str = name) -> None:
             problems.append(Problem(message, file=role.file,
                                     line=role.lines.get(f"settings.{name}", role.lines.get("settings")),
@@ -157,20 +165,63 @@ def settings_args(host: Host, role: Role, version: str, settings: dict[str, Any]
             continue
         flag = flag_for(program, version, name, host.name)
         spec = flags.get(flag)
+        rendered = None if spec is None else _render(spec, value, said.append)
+        if rendered is None and planned:
+            other = _in_another_release(program, version, name, value)
+            if other is not None:
+                release, rendered = other
+                if notes is not None:
+                    lacks = f"has no flag {flag}" if spec is None else f"does not take {value!r} for {flag}"
+                    notes.append(f"settings.{name}: {program} {version}, whose flags stand in for {planned}, "
+                                 f"{lacks}; {program} {release} takes it, so {planned} may too: rendered as "
+                                 f"{release} spells it ({' '.join(rendered)}), and deploy checks it against "
+                                 f"{planned}'s own --help before anything starts")
+                args += rendered
+                continue
         if spec is None:
             fail(_unknown(program, version, flag, flags))
             continue
-        rendered = _render(spec, value, fail)
+        for message in said:
+            fail(message)
         if rendered is not None:
             args += rendered
     return args
 
 
+def _in_another_release(program: str, version: str, name: str, value: Any) -> tuple[str, list[str]] | None:
+    """The nearest other captured release (newer first) whose flags take ``name: value``, and its rendering."""
+    key = release_tuple(version)
+    captured = [r for r in captured_versions(program) if r != version]
+    newer = [r for r in captured if release_tuple(r) > key]
+    older = [r for r in captured if release_tuple(r) <= key][::-1]
+    for release in newer + older:
+        flags = load_flags(program, release)
+        flag = flag_for(program, release, name)
+        spec = flags.get(flag)
+        if spec is None:
+            continue
+        said: list[str] = []
+        rendered = _render(spec, value, said.append)
+        if rendered is not None and not said:
+            return release, rendered
+    return None
+
+
 def check_args(host: Host, role: Role, version: str, argv: Sequence[str], key: str,
-               problems: list[Problem]) -> None:
-    """Check a raw argument list (``extra_args``) the way the engine's argparse would."""
+               problems: list[Problem], *, planned: str | None = None, notes: list[str] | None = None) -> None:
+    """Check a raw argument list (``extra_args``) the way the engine's argparse would (``planned``,
+    ``notes``: as for :func:`settings_args`, a flag only another captured release has is a note)."""
     program = PROGRAM[role.engine]
-    flags = release_flags(program, version, host.name)
+    flags = dict(release_flags(program, version, host.name))
+    if planned:
+        given = {token.partition("=")[0] for token in argv}
+        for release in captured_versions(program):
+            for option, other in load_flags(program, release).items():
+                if option not in flags and option in given and notes is not None:
+                    notes.append(f"{key}: {program} {version}, whose flags stand in for {planned}, has no flag "
+                                 f"{option}; {program} {release} has it, so {planned} may too: deploy checks it "
+                                 f"against {planned}'s own --help before anything starts")
+                flags.setdefault(option, other)
     i = 0
     while i < len(argv):
         token = argv[i]
