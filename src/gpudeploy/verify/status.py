@@ -49,6 +49,7 @@ class UnitStatus:
     # used_gib), for the unit's GPUs; empty without NVML. gpu_standin: the NVML there is a stand-in's.
     gpu_load: dict[int, dict[str, Any]] = field(default_factory=dict)
     gpu_standin: str | None = None
+    failure_kind: str | None = None  # last_failure's kind (verify/causes.py), e.g. oom-while-serving
 
     def to_json(self) -> dict[str, Any]:
         return {"host": self.host, "unit": self.unit, "role": self.role, "deployment": self.deployment,
@@ -221,16 +222,17 @@ def _status(host: Host, st: UnitState, unit: Unit | None, health: str, now: floa
     # Processes of a recorded run still alive while the unit is not running: orphans, by exact PID.
     orphans = list(st.recorded_alive) if not st.active else []
     orphans += [p for p in st.procs if not st.active and p not in orphans]
-    failure = next_step = None
+    failure = next_step = kind = None
     evidence: list[str] = []
     if st.failed:
         cause = classify([printable(t) for t in st.log_tail], dict(unit.role.settings) if unit else {}, exited=True,
                          exit_status=st.exit_words, fmt=log_format(unit.role.log_format if unit else None))
         if cause:
-            failure, next_step, evidence = cause.summary, cause.next_step, list(cause.evidence)
+            failure, next_step, evidence, kind = cause.summary, cause.next_step, list(cause.evidence), cause.kind
     elif record.get("state") == "failed" and record.get("cause"):
         failure = record["cause"].get("summary")
         next_step = record["cause"].get("next_step")
+        kind = record["cause"].get("kind")
     return UnitStatus(
         host=host.name, unit=st.name, role=unit.role.name if unit else record.get("role", "?"),
         deployment=unit.deployment if unit else (st.meta or {}).get("deployment") or record.get("deployment", default),
@@ -239,7 +241,7 @@ def _status(host: Host, st: UnitState, unit: Unit | None, health: str, now: floa
         main_pid=st.main_pid, uptime_s=uptime,
         ports=dict(unit.ports) if unit else {}, health=health, healthy=st.active and health == "200",
         deployed=st.installed, procs=st.procs, orphans=orphans, last_failure=failure, next_step=next_step,
-        failure_lines=evidence)
+        failure_lines=evidence, failure_kind=kind)
 
 
 def fmt_uptime(seconds: float | None) -> str:
