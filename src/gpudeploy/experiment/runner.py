@@ -87,6 +87,10 @@ def run_experiment(exp: Experiment, *, resume: bool = False, dry_run: bool = Fal
                    calibration: CalibrationStore | None = None, deploy_timeout_s: float | None = None,
                    say: Say = print) -> Store:
     """Run (or with ``dry_run`` show) the experiment; returns its store."""
+    if exp.search is not None:
+        raise InputError([Problem(f"{exp.file} holds a search, which `gpudeploy tune --file {shlex.quote(exp.file)}` "
+                                  "runs (experiment runs variants and a grid)", file=exp.file, line=exp.search.line,
+                                  key="search")])
     planned = plan_variants(exp, calibration)
     keys = {p.variant.name: key_of(exp, p.variant) for p in planned}
     targets = {p.variant.name: bench.target(exp, p.plan) for p in planned}
