@@ -38,7 +38,7 @@ class Tally:
     """What the study holds, counted: launches spent, saved and failed."""
 
     trials: int = 0
-    launches: int = 0
+    launches: int = 0  # launches that ended (an interrupted one is retried, and counted then)
     measured: int = 0
     failed: dict[str, int] = field(default_factory=dict)  # cause -> launches that died of it
     refused_preflight: int = 0
@@ -56,7 +56,8 @@ class Tally:
         failed = sum(self.failed.values())
         causes = ", ".join(f"{n} {c}" for c, n in sorted(self.failed.items()))
         out = [f"launches: {self.launches} spent ({self.measured} measured, {failed} failed"
-               + (f": {causes}" if causes else "") + (f", {self.interrupted} interrupted" if self.interrupted else "")
+               + (f": {causes}" if causes else "")
+               + (f"; {self.interrupted} interrupted and retried" if self.interrupted else "")
                + f"); {self.saved} saved, refused without a launch ({self.refused_preflight} by the memory "
                f"preflight, {self.refused_learned} inside a region a failed launch showed)",
                f"trials: {self.trials} ({self.repeated} repeated a point already tried and were told its result"
@@ -181,8 +182,8 @@ def tally_of(study: optuna.Study) -> Tally:
             continue
         out.trials += 1
         out.spent_s += float(info(t).get("wall_s") or 0.0)
-        if info(t).get("launched"):
-            out.launches += 1
+        if info(t).get("launched") and outcome != "interrupted":
+            out.launches += 1  # (an interrupted launch gave nothing and runs again: the budget pays once)
         if outcome == "measured":
             out.measured += 1
         elif outcome in ("deploy-failed", "failed-under-load", "bench-failed"):

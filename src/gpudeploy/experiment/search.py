@@ -109,7 +109,7 @@ def _loop(exp: Experiment, search: Search, study: optuna.Study, store: Store,
     Ctrl-C or an error leaves it up, and says so: the same command again restarts only what its next
     trial changes."""
     regions = record.regions_of(study, search)
-    last: Planned | None = None  # the deployment kept up between trials
+    last: Planned | None = None  # the last launch: its deployment is kept up between trials
     note = "tune deployment"
     while (stop := _budget_stop(search, record.tally_of(study), study)) is None:
         trial = study.ask()
@@ -138,7 +138,7 @@ def _loop(exp: Experiment, search: Search, study: optuna.Study, store: Store,
         if told.planned is not None:
             last = told.planned
             dep = last.plan.units[0].deployment
-            interrupt.note(note, f"still running: deployment {dep} as trial {trial.number} left it: `invoke teardown "
+            interrupt.note(note, f"deployment {dep} may still run as trial {trial.number} left it: `invoke teardown "
                            f"--inventory {shlex.quote(exp.inventory)} --deployment {dep}` stops it; "
                            f"{AGAIN.format(file=shlex.quote(exp.file))} goes on")
         _sync_meta(store, exp, search, study, record.study_file(exp))
@@ -169,7 +169,7 @@ class Told:
     attrs: dict[str, Any]
     state: str = "complete"  # complete | fail (a failure of the host, not of the point: nothing learned)
     region: bounds.Region | None = None
-    planned: Planned | None = None  # a launch that left its deployment up
+    planned: Planned | None = None  # a launch: its deployment may be up (torn down when the budget ends)
 
 
 def _trial(exp: Experiment, search: Search, trial: optuna.Trial, params: dict[str, Any], study: optuna.Study,
@@ -194,15 +194,22 @@ def _trial(exp: Experiment, search: Search, trial: optuna.Trial, params: dict[st
                     {**base, "outcome": "refused-plan", "reason": why,
                      "constraints": objective.constraints(refused=True)})
     index = number
+    # a point launched before keeps its row (its failure and cause), also when it is not launched again
+    fresh = row is None or row["status"] in ("running", "interrupted")
     if not p.boots:
-        out = runner.run_variant(exp, index, p, key, store, calibration=calibration, deploy_timeout_s=deploy_timeout_s,
-                                 keep_up=True, again=AGAIN, say=say)
+        if fresh:
+            out = runner.run_variant(exp, index, p, key, store, calibration=calibration,
+                                     deploy_timeout_s=deploy_timeout_s, keep_up=True, again=AGAIN, say=say)
+            why = out.failure or ""
+        else:  # the memory model learned from its launch (calibration): it is refused now
+            why = "; ".join(p.refusals)
+            say(f"== {name}: not launched again ({row['status'] if row else '?'} before): {why}")
         return Told(objective.told_values(None, search.objectives),
-                    {**base, "outcome": "refused-preflight", "reason": out.failure,
+                    {**base, "outcome": "refused-preflight", "reason": why,
                      "constraints": objective.constraints(refused=True)})
     inside = next((found for r in regions if (found := bounds.covers(r, params, search))), None)
     if inside is not None:
-        if row is None or row["status"] in ("running", "interrupted"):
+        if fresh:
             saved, basis = runner.estimate_saved(store, p)
             store.begin_variant(name, index, ov, [], key=key)
             store.finish_variant(key, "skipped", verdict=inside, saved_s=saved)
@@ -227,11 +234,11 @@ def _trial(exp: Experiment, search: Search, trial: optuna.Trial, params: dict[st
     region = bounds.region(number, out.cause, out.roles, params, search) if out.status != "bench-failed" else None
     attrs.update(reason=out.failure, cause=out.cause or "", roles=sorted(out.roles))
     if region is None:  # the host's failure, not the point's: the sampler learns nothing from it
-        return Told([], attrs, state="fail")
+        return Told([], attrs, state="fail", planned=p)
     attrs["region"] = {"cause": region.cause, "roles": sorted(region.roles), "worse": region.worse,
                        "only": list(region.only)}
     return Told(objective.told_values(None, search.objectives), {**attrs, "constraints": objective.constraints(
-        failed=True)}, region=region)
+        failed=True)}, region=region, planned=p)
 
 
 def _repeat(exp: Experiment, search: Search, study: optuna.Study, store: Store, row: dict[str, Any],
