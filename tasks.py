@@ -15,6 +15,7 @@ part of the installed package).
     invoke render     --target k8s [--out DIR] [--deployment D] [--image IMAGE] [--model-pvc NAME]
     invoke experiment --file F [--dry-run] [--resume] [--timeout S]
     invoke experiment.show --file F [--json] [--plot PNG]
+    invoke tune       --file F [--dry-run] [--timeout S]
     invoke lab.up [--hosts N] | lab.down | lab.status | lab.engine | lab.router | lab.private | lab.sglang | lab.nvml
         | lab.gpu | lab.xid
 

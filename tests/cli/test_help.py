@@ -119,6 +119,7 @@ def test_numbers_show_as_int_with_an_example_and_a_bad_one_is_a_message(tmp_path
 def test_a_required_option_left_out_says_which(tmp_path: Path) -> None:
     for args, message in ((["logs"], "logs needs --host HOST and --role ROLE"),
                           (["render"], "render needs --target k8s"),
-                          (["experiment"], "experiment needs --file F")):
+                          (["experiment"], "experiment needs --file F"),
+                          (["tune"], "tune needs --file F")):
         res = gd(*args, cwd=tmp_path)
         assert res.returncode == 1 and message in res.stderr and "Traceback" not in res.stderr, (args, res.stderr)

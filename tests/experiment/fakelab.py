@@ -38,6 +38,14 @@ class FakeLab:
         # called before each command on the host; may raise (a dropped connection)
         self.on_command: Callable[[list[str]], None] = lambda argv: None
         self.on_connect: Callable[[], None] = lambda: None
+        # a deploy's own outcome (a launch that dies: surface.py), None: every unit starts
+        self.on_deploy: Callable[[Plan], DeployResult | None] = lambda plan: None
+        # the client's result file for (the deployed plan, the concurrency it ran at); None: RESULT
+        self.respond: Callable[[Plan, int], str] | None = None
+        self.plan: Plan | None = None  # what runs now (the last deploy that came up)
+        self.concurrency = 0  # the last client run's
+        self.deploy_options: list[Any] = []
+        self.plans: list[Plan] = []  # every deploy's plan, in order
         self.said: list[str] = []
         monkeypatch.setattr(runner, "deploy", self.deploy)
         monkeypatch.setattr(runner, "teardown", self.teardown)
@@ -61,7 +69,13 @@ class FakeLab:
 
     def deploy(self, plan: Plan, opts: Any, calibration: Any = None) -> DeployResult:
         self.deployed.append(" ".join(" ".join(u.argv) for u in plan.units))
+        self.plans.append(plan)
+        self.deploy_options.append(opts)
+        failed = self.on_deploy(plan)
+        if failed is not None:
+            return failed  # (what ran before stays as it was: deploy restores a failed redeploy's units)
         self.up = True
+        self.plan = plan
         dep = plan.units[0].deployment
         hosts: dict[str, list[UnitOutcome] | GpudeployError] = {}
         for u in plan.units:
@@ -144,6 +158,10 @@ class FakeRemote:
         self.lab.on_command(argv)
         if argv[1:3] == ["-I", "-c"]:  # benchdir's script: base, prefix
             return Result(0, json.dumps({"path": f"/root/.cache/gpudeploy/bench/{argv[-1]}q7x2k9"}) + "\n", "")
+        if argv[0] == "timeout":
+            self.lab.concurrency = int(argv[argv.index("--max-concurrency") + 1])
+        if argv[0] == "cat" and self.lab.respond is not None and self.lab.plan is not None:
+            return Result(0, self.lab.respond(self.lab.plan, self.lab.concurrency), "")
         if argv[0] == "cat":
             return Result(0, RESULT, "") if self.lab.client_error is None else Result(1, "", "no such file")
         if argv[0] == "timeout" and self.lab.client_error is not None:  # the client itself

@@ -14,6 +14,7 @@ folder) and ``invoke`` in gpudeploy's own repository (tasks.py adds the lab's ta
     gpudeploy render     --target k8s [--out DIR] [--deployment D] [--image I] [--model-pvc C]
     gpudeploy experiment --file F [--dry-run] [--resume]
     gpudeploy experiment.show --file F [--json] [--plot PNG]
+    gpudeploy tune       --file F [--dry-run] [--timeout S]
 
 Each task parses its flags, calls the package, prints and exits; every one is wrapped by
 :func:`~gpudeploy.cli.args.user_errors` (gpudeploy's errors become a message and exit 1, Ctrl-C ends
@@ -484,6 +485,41 @@ def experiment_show(c: Context, file: str | None = None, results: str | None = N
 
 
 
+# `tune` is a task of its own, not `experiment --search`: a search goes on by itself where it stopped
+# (its study is its state; `experiment` refuses a results folder that holds results unless --resume),
+# keeps each trial's deployment up for the next (an experiment tears each variant down), ends by its
+# budget, and answers with role files to deploy. `experiment.show` shows its table all the same.
+@command(help={"file": "the experiment file with a search: section (required), e.g. --file experiments/tune.yml",
+               "dry_run": "print the space, the objectives, the budget and where the study is; touch nothing",
+               "timeout": "seconds each deploy may wait for /health, e.g. -t 900 (default: the roles' "
+                          "health.timeout_s)"})
+@user_errors
+def tune(c: Context, file: str | None = None, dry_run: bool = False, timeout: float | None = None) -> None:
+    """Search the file's space unattended (Optuna): each trial memory-checked, launched only if it may boot, measured.
+
+    The same command again goes on with the study (<results>.optuna.sqlite beside the results folder),
+    repeating no finished trial; it ends with the table (best first), the plot and the best variant's
+    role files, which `deploy --inventory <results>/best/hosts.yml` deploys as they are.
+    """
+    if file is None:
+        raise Exit("gpudeploy: tune needs --file F (an experiment file with a search: section)", code=1)
+    from ..experiment.plot import plot as write_plot
+    from ..experiment.search import run_search
+    from ..experiment.show import summary, table
+    from ..experiment.spec import load_experiment
+
+    exp = load_experiment(file)
+    result = run_search(exp, dry_run=dry_run, calibration=calibration(), deploy_timeout_s=timeout)
+    if result is None:
+        return
+    doc = summary(result.store)
+    text = table(doc) if doc["variants"] else "nothing measured yet"
+    (result.store.folder / "table.txt").write_text(text + "\n")
+    png = write_plot(doc, result.store.folder / "plot.png")
+    report = "\n".join(result.lines)
+    print(f"\n{text}\n\n{report}\nstore {result.store.path}; table {result.store.folder / 'table.txt'}; plot {png}")
+
+
 @command(help={"inventory": "also the roles of this inventory's roles_dir (default: $GPUDEPLOY_INVENTORY, else "
                          "inventory/hosts.yml, when it exists)",
                "json": "one JSON document on stdout"})
@@ -554,6 +590,6 @@ def init(c: Context, host: list[str] | None = None, example: bool = False, out: 
 
 def collection() -> Collection:
     """Every gpudeploy task (a new Collection each call: tasks.py adds the lab's to its own)."""
-    ns = Collection(init, roles, plan, deploy, status, teardown, logs, facts, render)
+    ns = Collection(init, roles, plan, deploy, status, teardown, logs, facts, render, tune)
     ns.add_collection(Collection("experiment", experiment_run, experiment_show))
     return ns

@@ -4,6 +4,9 @@
 Up and to the right is better: per GPU is what the hardware earns, per user is what each user gets;
 raising concurrency moves a variant's line left (slower per user) and up (more per GPU) until the
 engine saturates. A point on the front is one no other configuration beats on both.
+
+A search's plot (a tune's store: its variants come best first) names its best ``LABELLED`` trials;
+the rest are drawn thin and grey, unlabelled, so dozens of trials stay readable.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from typing import Any
 from .choose import pareto
 from .show import SYNTHETIC
 
+LABELLED = 6  # a search's trials named in the legend, best first
+
 
 def plot(doc: dict[str, Any], path: str | Path) -> Path:
     import matplotlib
@@ -23,6 +28,9 @@ def plot(doc: dict[str, Any], path: str | Path) -> Path:
 
     fig, ax = plt.subplots(figsize=(8, 5.5), dpi=110)
     points: list[tuple[float, float]] = []
+    search = bool(doc.get("search"))
+    drawn = 0
+    others = 0
     for v in doc["variants"]:
         xs, ys, cs = [], [], []
         for lv in v["levels"]:
@@ -35,13 +43,20 @@ def plot(doc: dict[str, Any], path: str | Path) -> Path:
             cs.append(lv["concurrency"])
         if not xs:
             continue
+        points += list(zip(xs, ys, strict=True))
+        if search and drawn >= LABELLED:
+            others += 1
+            ax.plot(xs, ys, marker=".", color="grey", linewidth=0.6, alpha=0.5, zorder=1,
+                    label=f"the other trials ({sum(1 for x in doc['variants'] if x['levels']) - LABELLED})"
+                    if others == 1 else None)
+            continue
+        drawn += 1
         label = v["name"] + (" (synthetic timing)" if v["synthetic"] else "") + \
             ("" if v["status"] == "measured" else f" [{v['status']}]")
         line = ax.plot(xs, ys, marker="o", label=label)[0]
         for x, y, c in zip(xs, ys, cs, strict=True):
             ax.annotate(f"c={c}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8,
                         color=line.get_color())
-        points += list(zip(xs, ys, strict=True))
     front = sorted((points[i] for i in pareto(points)), key=lambda p: p[0])
     if front:
         ax.plot([p[0] for p in front], [p[1] for p in front], color="black", linewidth=2.5, alpha=0.35,
@@ -50,7 +65,9 @@ def plot(doc: dict[str, Any], path: str | Path) -> Path:
                    zorder=3)
     best = doc.get("best")
     title = f"experiment {doc['experiment']}"
-    if best:
+    if best and search:
+        title = f"search {doc['experiment']}: best {best['variant'].split(',')[0]} at c={best['concurrency']}"
+    elif best:
         title += f": best under the SLO {best['variant']} at c={best['concurrency']}"
     ax.set_title(title, fontsize=10)
     ax.set_xlabel("output tok/s per user (output tokens / median end-to-end latency)")

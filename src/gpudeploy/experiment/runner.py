@@ -61,6 +61,22 @@ Say = Callable[[str], None]
 class Death:
     unit: str
     cause: str
+    kind: str | None = None  # the cause's kind (verify/causes.py), where the journal showed one
+    role: str = ""  # the unit's role (as placed), and its role file
+    file_role: str = ""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How one variant ended, for the caller that chooses the next (a search): the store has the rest."""
+
+    status: str  # measured | skipped | deploy-failed | bench-failed | failed-under-load
+    failure: str | None = None
+    cause: str | None = None  # the kind of the gate's (or the journal's) cause of a launch that died
+    roles: frozenset[str] = frozenset()  # the role of the unit that died, and its role file
+
+
+EXPERIMENT_AGAIN = "`invoke experiment --file {file} --resume`"  # what goes on from here (tune says its own)
 
 
 class ExperimentStopped(GpudeployError):
@@ -71,6 +87,10 @@ def run_experiment(exp: Experiment, *, resume: bool = False, dry_run: bool = Fal
                    calibration: CalibrationStore | None = None, deploy_timeout_s: float | None = None,
                    say: Say = print) -> Store:
     """Run (or with ``dry_run`` show) the experiment; returns its store."""
+    if exp.search is not None:
+        raise InputError([Problem(f"{exp.file} holds a search, which `gpudeploy tune --file {shlex.quote(exp.file)}` "
+                                  "runs (experiment runs variants and a grid)", file=exp.file, line=exp.search.line,
+                                  key="search")])
     planned = plan_variants(exp, calibration)
     keys = {p.variant.name: key_of(exp, p.variant) for p in planned}
     targets = {p.variant.name: bench.target(exp, p.plan) for p in planned}
@@ -205,7 +225,7 @@ def duration(seconds: float) -> str:
     return f"{seconds:.1f} s" if seconds < 90 else f"{seconds / 60:.1f} min"
 
 
-def _estimate_saved(store: Store, p: Planned) -> tuple[float, str]:
+def estimate_saved(store: Store, p: Planned) -> tuple[float, str]:
     """What a skipped variant saved: the median deploy of this experiment so far, else the gate's limit."""
     measured = [v["deploy_s"] for v in store.variants() if v.get("deploy_s")]
     if measured:
@@ -214,9 +234,21 @@ def _estimate_saved(store: Store, p: Planned) -> tuple[float, str]:
     return limit, "up to the gate's timeout: no deploy measured yet"
 
 
+def run_variant(exp: Experiment, index: int, p: Planned, key: str, store: Store, *,
+                calibration: CalibrationStore | None, deploy_timeout_s: float | None, keep_up: bool, again: str,
+                say: Say) -> Outcome:
+    """One variant the caller chose (a search's trial): preflight, deploy, benchmark, record. With
+    ``keep_up`` a measured variant's deployment is left running, and the next deploy restarts only the
+    units whose files changed (apply/deployment.py: an unchanged, healthy unit is not restarted), never
+    rolled through the router; ``again``: the command that goes on after Ctrl-C."""
+    return _variant(exp, index, p, key, bench.target(exp, p.plan), store, calibration, deploy_timeout_s, [p],
+                    {p.variant.name: key}, say, keep_up=keep_up, again=again)
+
+
 def _variant(exp: Experiment, index: int, p: Planned, key: str, t: bench.Target, store: Store,
              calibration: CalibrationStore | None, deploy_timeout_s: float | None, planned: list[Planned],
-             keys: dict[str, str], say: Say) -> None:
+             keys: dict[str, str], say: Say, *, keep_up: bool = False, again: str = EXPERIMENT_AGAIN) -> Outcome:
+    again = again.format(file=shlex.quote(exp.file))
     v = p.variant
     rows = {r["key"]: r for r in store.variants()}
     scores = {q.variant.name: _variant_score(store, keys[q.variant.name], exp) for q in planned
@@ -229,13 +261,13 @@ def _variant(exp: Experiment, index: int, p: Planned, key: str, t: bench.Target,
     if why:
         store.finish_variant(key, "skipped", verdict=why)
         say(f"== {v.name}: SKIPPED: {why}")
-        return
+        return Outcome("skipped", why)
     if not p.boots:
-        saved, basis = _estimate_saved(store, p)
+        saved, basis = estimate_saved(store, p)
         verdict = "; ".join(p.refusals)
         store.finish_variant(key, "skipped", verdict=verdict, saved_s=saved)
         say(f"== {v.name}: SKIPPED, predicted not to boot: {verdict}\n   saved {duration(saved)} ({basis})")
-        return
+        return Outcome("skipped", verdict)
     dep = p.plan.units[0].deployment
     say(f"== {v.name}: deploying {dep} ({', '.join(u.key for u in p.plan.units)})")
     started = time.monotonic()
@@ -244,10 +276,13 @@ def _variant(exp: Experiment, index: int, p: Planned, key: str, t: bench.Target,
         if shipping is not None:
             store.finish_variant(key, "deploy-failed", failure=shipping)
             say(f"== {v.name}: DEPLOY FAILED: {shipping}")
-            return
-        result = deploy(p.plan, Options(timeout_s=deploy_timeout_s), calibration)
+            return Outcome("deploy-failed", shipping)
+        # kept up between variants, the deployment serves when the next deploys: never rolled through
+        # its router (that needs room for a second copy), its changed units restarted plainly
+        result = deploy(p.plan, Options(timeout_s=deploy_timeout_s, rolling="never" if keep_up else "auto"),
+                        calibration)
     except (KeyboardInterrupt, Interrupted):
-        _interrupted(store, exp, p, key, t, "while deploying", say)
+        _interrupted(store, exp, p, key, t, "while deploying", say, again)
         raise
     deploy_s = time.monotonic() - started
     outcome = result.deployments.get(dep)
@@ -262,46 +297,71 @@ def _variant(exp: Experiment, index: int, p: Planned, key: str, t: bench.Target,
                                                             if isinstance(r, GpudeployError))
         store.finish_variant(key, "deploy-failed", failure=failure)
         say(f"== {v.name}: DEPLOY FAILED: {failure}")
-        return
+        died = _first_death(outcomes)
+        return Outcome("deploy-failed", failure, died[0] if died else None, died[1] if died else frozenset())
     say(f"== {v.name}: ready in {deploy_s:.1f} s; benchmark through {t.through}"
         + (" (stand-in engines: synthetic token timing)" if t.synthetic else ""))
     # Said if Ctrl-C must end the command before it can report itself (interrupt.GRACE_S)
     interrupt.note(f"experiment {v.name}", f"still running: {', '.join(u.key for u in p.plan.units)} (deployment "
                    f"{dep}): `invoke teardown --inventory {shlex.quote(exp.inventory)} --deployment {dep}` stops "
-                   f"it; `invoke experiment --file {shlex.quote(exp.file)} --resume` goes on from here")
+                   f"it; {again} goes on from here")
     broke: GpudeployError | None = None
     death = None
     try:
         death = _ladder(exp, p, key, t, store, say)
     except (KeyboardInterrupt, Interrupted):
-        _interrupted(store, exp, p, key, t, "during the benchmark", say)
+        _interrupted(store, exp, p, key, t, "during the benchmark", say, again)
         raise
     except GpudeployError as exc:  # the connection broke, the host did not answer: this variant's failure
         broke = exc
         store.finish_variant(key, "bench-failed", failure=f"the benchmark broke off: {exc}")
         say(f"== {v.name}: BENCHMARK FAILED: {exc}\n   its finished runs are kept (--resume runs the rest); "
             f"tearing {dep} down")
-    try:
-        left = _teardown(p.plan, dep, say)
-    except (KeyboardInterrupt, Interrupted):
-        _interrupted(store, exp, p, key, t, "while tearing down", say)
-        raise
+    measured = broke is None and not death and bool(levels_of(store, key))
+    left: list[str] = []
+    if not (keep_up and measured):
+        try:
+            left = _teardown(p.plan, dep, say)
+        except (KeyboardInterrupt, Interrupted):
+            _interrupted(store, exp, p, key, t, "while tearing down", say, again)
+            raise
     interrupt.clear(f"experiment {v.name}")  # what teardown left, it says itself (below)
+    ended = Outcome("bench-failed", f"the benchmark broke off: {broke}")
     if broke is None and death:
         store.finish_variant(key, "failed-under-load", failure=f"{death.unit}: {death.cause}")
         say(f"== {v.name}: FAILED UNDER LOAD: {death.unit}: {death.cause}")
-    elif broke is None and not levels_of(store, key):
+        ended = Outcome("failed-under-load", f"{death.unit}: {death.cause}", death.kind,
+                          frozenset({death.role, death.file_role} - {""}))
+    elif broke is None and not measured:
         # the client ran but gave no figures at any level (it failed: its own output says why)
         why = _client_failure(store, key)
         store.finish_variant(key, "bench-failed", failure=f"the benchmark client gave no result: {why}")
         say(f"== {v.name}: BENCHMARK FAILED: the client gave no result: {why}")
+        ended = Outcome("bench-failed", f"the benchmark client gave no result: {why}")
     elif broke is None:
         store.finish_variant(key, "measured")
         say(f"== {v.name}: measured")
+        ended = Outcome("measured")
     if left:
-        _stop(store, exp, p, t, left)
+        _stop(store, exp, p, t, left, again)
     if broke is not None:
         say(f"   {dep} is torn down; going on with the next variant")
+    return ended
+
+
+def _first_death(outcomes: list[Any]) -> tuple[str, frozenset[str]] | None:
+    """The cause kind and the roles of the unit that died first in a failed deploy (a group's root
+    cause is the rank that died first too), or None when no gate named one."""
+    dead = [o for o in outcomes if not o.ok and o.gate is not None and o.gate.cause is not None]
+    if not dead:
+        return None
+    first = min(dead, key=lambda o: o.gate.died_at if o.gate.died_at is not None else float("inf"))
+    return first.gate.cause.kind, frozenset({first.unit.role.name, first.unit.role.file_role})
+
+
+def teardown_deployment(p: Planned, say: Say) -> list[str]:
+    """Tear down the deployment a kept-up variant left running; what could not be done, per host."""
+    return _teardown(p.plan, p.plan.units[0].deployment, say)
 
 
 def _ship(p: Planned, say: Say) -> str | None:
@@ -318,7 +378,7 @@ def _ship(p: Planned, say: Say) -> str | None:
     return None
 
 
-def _stop(store: Store, exp: Experiment, p: Planned, t: bench.Target, left: list[str]) -> None:
+def _stop(store: Store, exp: Experiment, p: Planned, t: bench.Target, left: list[str], again: str) -> None:
     """The deployment could not be torn down: say what may still run, and stop (the next variant would
     deploy over a state nobody knows)."""
     dep = p.plan.units[0].deployment
@@ -326,7 +386,7 @@ def _stop(store: Store, exp: Experiment, p: Planned, t: bench.Target, left: list
     raise ExperimentStopped(
         f"stopped after variant {p.variant.name}: the teardown of deployment {dep} did not finish "
         f"({'; '.join(left)}). {what}. `invoke teardown --inventory {shlex.quote(exp.inventory)} "
-        f"--deployment {dep}` stops it; `invoke experiment --file {shlex.quote(exp.file)} --resume` goes on "
+        f"--deployment {dep}` stops it; {again} goes on "
         f"(the store {store.path} holds every finished run; the client on {t.host.name} ends by itself within "
         f"{exp.benchmark.timeout_s:g} s)")
 
@@ -484,7 +544,9 @@ def _dead_unit(plan: Plan) -> Death | None:
                 continue
             if s.state.split("/")[0] in ("failed", "inactive", "deactivating"):
                 cause = s.last_failure or f"the unit is {s.state}"
-                return Death(f"{host}/{s.role}", cause + (f" (next: {s.next_step})" if s.next_step else ""))
+                unit = next((u for u in plan.units if u.host.name == host and u.name == s.unit), None)
+                return Death(f"{host}/{s.role}", cause + (f" (next: {s.next_step})" if s.next_step else ""),
+                             s.failure_kind, s.role, unit.role.file_role if unit else s.role)
     return None
 
 
@@ -574,7 +636,7 @@ def _running_text(p: Planned) -> str:
 
 
 def _interrupted(store: Store, exp: Experiment, p: Planned, key: str, t: bench.Target, when: str,
-                 say: Say) -> None:
+                 say: Say, again: str) -> None:
     """Ctrl-C: the variant is marked interrupted (--resume runs it again, keeping its finished levels),
     and the user is told what still runs."""
     store.finish_variant(key, "interrupted", failure=f"interrupted {when}")
@@ -591,4 +653,4 @@ def _interrupted(store: Store, exp: Experiment, p: Planned, key: str, t: bench.T
     if when == "during the benchmark":
         say(f"the benchmark client on {t.host.name} ends by itself within "
             f"{exp.benchmark.timeout_s:g} s (it runs under timeout)")
-    say(f"`invoke experiment --file {shlex.quote(exp.file)} --resume` goes on from here.")
+    say(f"{again} goes on from here.")

@@ -59,15 +59,45 @@ def summary(store: Store) -> dict[str, Any]:
             "levels": levels})
     scored = [v for v in variants if v["score_tok_s_per_gpu"] is not None]
     best = max(scored, key=lambda v: v["score_tok_s_per_gpu"]) if scored else None
+    search = meta.get("search")
+    if search:
+        best = _best_first(variants, slo, search)
     saved = sum(v["saved_min"] or 0 for v in variants)
     return {"experiment": meta.get("name"), "file": meta.get("file"), "inventory": meta.get("inventory"),
             "benchmark": meta.get("benchmark"), "slo": slo, "store": str(store.path),
+            "search": search,  # a tune's: its study and objectives; its variants are listed best first
             "best": {"variant": best["name"], "concurrency": best["best_concurrency"],
-                     "output_tok_s_per_gpu": best["score_tok_s_per_gpu"], "timing": best["timing"]} if best else None,
+                     "output_tok_s_per_gpu": best["score_tok_s_per_gpu"], "timing": best["timing"],
+                     **({"objectives": best["objectives"]} if search else {})} if best else None,
             "minutes_saved_by_preflight": round(saved, 3),  # as each variant's saved_min
             "synthetic_note": SYNTHETIC if any(v["synthetic"] for v in variants) else None,
             "stale": stale,  # stored variants the experiment file (as it last ran) no longer defines
             "variants": variants}
+
+
+def _best_first(variants: list[dict[str, Any]], slo: dict[str, float], search: dict[str, Any]) -> dict[str, Any] | None:
+    """A search's variants, best first by its first objective (feasible ones first: met the SLO, every
+    figure there), each with its objective values; the best, or None."""
+    from .objective import evaluate
+    from .search_space import Objective
+
+    objectives = [Objective(o["name"], o["direction"], o.get("concurrency")) for o in search["objectives"]]
+    for v in variants:
+        levels = {lv["concurrency"]: lv["figures"] for lv in v["levels"] if lv["repeats"]}
+        ev = evaluate(levels, slo, objectives) if v["status"] == "measured" else None
+        v["objectives"] = {o.label: val for o, val in zip(objectives, ev.values, strict=True)} if ev else None
+        v["feasible"] = bool(ev and ev.feasible)
+        if ev and ev.feasible and objectives[0].concurrency is not None:
+            v["best_concurrency"] = objectives[0].concurrency
+
+    def rank(v: dict[str, Any]) -> tuple[int, float]:
+        first = (v["objectives"] or {}).get(objectives[0].label)
+        if not v["feasible"] or first is None:
+            return (1, 0.0)
+        return (0, -first if objectives[0].direction == "maximize" else first)
+
+    variants.sort(key=rank)
+    return variants[0] if variants and variants[0]["feasible"] else None
 
 
 def _duration(seconds: float) -> str:
@@ -120,7 +150,13 @@ def table(doc: dict[str, Any]) -> str:
         lines.append(f"engine {', '.join(releases) or '?'}; client: {', '.join(clients) or '?'}'s own benchmark, "
                      "through the router")
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in [head, *rows]]
-    if best:
+    if best and doc.get("search"):
+        figures = ", ".join(f"{k} {v:.1f}" for k, v in best["objectives"].items() if v is not None)
+        lines.append(f"* best by the search's objective{'s' if len(best['objectives']) > 1 else ''}"
+                     f"{' under the SLO' if doc['slo'] else ''}: {best['variant']}"
+                     + (f" at concurrency {best['concurrency']}" if best["concurrency"] else "")
+                     + f": {figures} ({best['timing']} timing); variants best first")
+    elif best:
         lines.append(f"* best under the SLO: {best['variant']} at concurrency {best['concurrency']}: "
                      f"{best['output_tok_s_per_gpu']:.1f} output tok/s per GPU ({best['timing']} timing)")
     else:

@@ -27,6 +27,9 @@ file:line; nothing is touched while reading it.
     slo: {p99_tpot_ms: 50, p99_ttft_ms: 2000}
     choose: {bisect: 2, stop_when_gain_below_percent: 5}
 
+Instead of variants and a grid, a file may hold ``search:``, a space the sampler chooses variants from
+(search_space.py; ``gpudeploy tune --file F`` runs it, search.py).
+
 A variant overrides, per role: ``settings`` and ``env`` (merged key by key; ``null`` removes a key),
 ``extra_args`` (replaced), ``tp_size``, ``model`` (the checkpoint: ``path``, and the ``facts`` the memory
 preflight reads; a new path without facts drops the role's, which describe the other checkpoint) and
@@ -56,11 +59,13 @@ from ..errors import InputError, Problem
 from ..inventory import role_overrides
 from ..limits import seconds_problem
 from ..yamlsrc import Checker, LineList, LineMap, load_yaml
+from .search_space import Search, load_search
 from .ship import Bundle, read_bundle
 
 CLIENTS = ("sglang", "vllm")
 # The keys of each level of an experiment file (docs/gen.py writes their reference from these sets).
-EXPERIMENT_KEYS = {"name", "inventory", "deployment", "results", "variants", "grid", "benchmark", "slo", "choose"}
+EXPERIMENT_KEYS = {"name", "inventory", "deployment", "results", "variants", "grid", "benchmark", "slo", "choose",
+                   "search"}
 BENCHMARK_KEYS = {"client", "python", "backend", "dataset", "input_len", "output_len", "concurrency", "prompts",
                   "warmup", "repeats", "seed", "tokenizer", "timeout_s", "extra_args", "remote_dir"}
 CHOOSE_KEYS = {"bisect", "stop_when_gain_below_percent"}
@@ -120,6 +125,7 @@ class Experiment:
     slo: dict[str, float] = field(default_factory=dict)
     choose: Choose = field(default_factory=Choose)
     dimensions: tuple[str, ...] = ()  # the grid's, in order
+    search: Search | None = None  # search: the space a tune samples variants from (tune, not experiment)
 
 
 # Benchmark settings that change no figure a run measures (a time limit, where its files go): left out
@@ -160,10 +166,14 @@ def load_experiment(path: str | Path) -> Experiment:
     variants = _variants(top, problems, file)
     dimensions, grid = _grid(top, problems, file, len(variants))
     variants += grid
-    if not variants and "variants" in top.data and "grid" not in top.data:
+    searching = top.data.get("search") is not None
+    if searching and ("variants" in top.data or "grid" in top.data):
+        top.fail("a file holds either variants/grid (`gpudeploy experiment` runs them) or search (`gpudeploy tune` "
+                 "runs it), not both: their results would share one store", "search")
+    elif not searching and not variants and "variants" in top.data and "grid" not in top.data:
         top.fail("no variants: name at least one (an empty mapping `{}` runs the inventory as it is)", "variants")
-    elif not variants and not problems:
-        top.fail("required key is missing: variants (or grid)", None)
+    elif not searching and not variants and not problems:
+        top.fail("required key is missing: variants (or grid; or search, which `gpudeploy tune` runs)", None)
     seen: dict[str, int | None] = {}
     same: dict[str, Variant] = {}
     for v in variants:
@@ -179,11 +189,13 @@ def load_experiment(path: str | Path) -> Experiment:
     bench = _benchmark(top.child("benchmark", required=True), problems)
     slo = _slo(top.child("slo"))
     choose = _choose(top.child("choose"))
+    search = load_search(top, bench.concurrency)
     if problems:
         raise InputError(problems)
     return Experiment(name=name, file=file, inventory=os.path.normpath(path.parent / inventory),
                       deployment=deployment, results_dir=os.path.normpath(path.parent / results),
-                      variants=tuple(variants), benchmark=bench, slo=slo, choose=choose, dimensions=dimensions)
+                      variants=tuple(variants), benchmark=bench, slo=slo, choose=choose, dimensions=dimensions,
+                      search=search)
 
 
 def _overrides(raw: Any, problems: list[Problem], file: str, prefix: str,

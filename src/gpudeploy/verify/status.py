@@ -55,6 +55,7 @@ class UnitStatus:
     # the Xids that came while its run served: verify/xid.py); empty without NVML or GPUs
     gpu_health: dict[int, dict[str, Any]] = field(default_factory=dict)
     xids: list[dict[str, Any]] = field(default_factory=list)  # its GPUs' Xids since its run started
+    failure_kind: str | None = None  # last_failure's kind (verify/causes.py), e.g. oom-while-serving
 
     def to_json(self) -> dict[str, Any]:
         return {"host": self.host, "unit": self.unit, "role": self.role, "deployment": self.deployment,
@@ -268,16 +269,17 @@ def _status(host: Host, st: UnitState, unit: Unit | None, health: str, now: floa
     # Processes of a recorded run still alive while the unit is not running: orphans, by exact PID.
     orphans = list(st.recorded_alive) if not st.active else []
     orphans += [p for p in st.procs if not st.active and p not in orphans]
-    failure = next_step = None
+    failure = next_step = kind = None
     evidence: list[str] = []
     if st.failed:
         cause = classify([printable(t) for t in st.log_tail], dict(unit.role.settings) if unit else {}, exited=True,
                          exit_status=st.exit_words, fmt=log_format(unit.role.log_format if unit else None))
         if cause:
-            failure, next_step, evidence = cause.summary, cause.next_step, list(cause.evidence)
+            failure, next_step, evidence, kind = cause.summary, cause.next_step, list(cause.evidence), cause.kind
     elif record.get("state") == "failed" and record.get("cause"):
         failure = record["cause"].get("summary")
         next_step = record["cause"].get("next_step")
+        kind = record["cause"].get("kind")
     return UnitStatus(
         host=host.name, unit=st.name, role=unit.role.name if unit else record.get("role", "?"),
         deployment=unit.deployment if unit else (st.meta or {}).get("deployment") or record.get("deployment", default),
@@ -286,7 +288,7 @@ def _status(host: Host, st: UnitState, unit: Unit | None, health: str, now: floa
         main_pid=st.main_pid, uptime_s=uptime,
         ports=dict(unit.ports) if unit else {}, health=health, healthy=st.active and health == "200",
         deployed=st.installed, procs=st.procs, orphans=orphans, last_failure=failure, next_step=next_step,
-        failure_lines=evidence)
+        failure_lines=evidence, failure_kind=kind)
 
 
 def fmt_uptime(seconds: float | None) -> str:
