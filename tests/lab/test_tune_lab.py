@@ -48,8 +48,10 @@ CLIENT = {"client": "vllm", "python": engine.GUEST_PYTHON, "tokenizer": engine.G
 
 def pd_roles(decode_settings: dict[str, Any]) -> dict[str, dict[str, Any]]:
     model = {"path": "/models/tiny-tune", "facts": FACTS}
-    pre = standin_role(None, tp=1, settings={"disaggregation_mode": "prefill", "chunked_prefill_size": 2048},
-                       model=model)
+    # the prefill's graphs fit whatever the search does (the release's default graph batch would not:
+    # the stand-in's graphs cost SGLANG_STANDIN_GRAPH_MIB_PER_BS per captured batch size)
+    pre = standin_role(None, tp=1, settings={"disaggregation_mode": "prefill", "chunked_prefill_size": 2048,
+                                            "mem_fraction_static": 0.6, "cuda_graph_max_bs": 8}, model=model)
     dec = standin_role(None, tp=1, settings={"disaggregation_mode": "decode", **decode_settings}, model=model)
     for r in (pre, dec):
         r["env"].update({"SGLANG_STANDIN_WEIGHTS_GIB": "1.9", "SGLANG_STANDIN_GRAPH_MIB_PER_BS": "256"})
