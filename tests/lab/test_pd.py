@@ -74,7 +74,8 @@ def test_a_pair_split_over_two_hosts_with_the_router_on_a_third(deployments: Dep
     pre = next(u for u in doc["hosts"]["lab1"]["units"] if u["role"] == "pre")
     assert pre["router_view"] == ["healthy in lab3/rt"], pre
     text = gd("status", "--inventory", str(inv)).stdout
-    assert re.search(r"split\s+lab1\s+pre\s+active/running.*200\s+healthy in lab3/rt", text), text
+    # (GPUS: each of the unit's GPUs and its health word, issue 49)
+    assert re.search(r"split\s+lab1\s+pre\s+active/running.*200\s+0-1 ok\s+healthy in lab3/rt", text), text
 
     # Teardown of the deployment: router first, then decode, then prefill; nothing left.
     down = gd("teardown", "--inventory", str(inv), "--deployment", "split")
