@@ -290,9 +290,11 @@ def _host(name: str, raw: Any, defaults: Checker, problems: list[Problem], file:
     if jump is not None:
         ssh = replace(ssh, proxy_jump=_hop(jump, ssh))
 
+    numa_policy = _numa_policy(pick("numa_policy", str, "bind"), c)
     numa_raw = c.get("numa_nodes", list, required=True, default=[])
     nodes: list[NumaNode] = []
     seen_gpu: dict[int, int] = {}
+    seen_cpu: dict[int, int] = {}  # CPU -> the NUMA node that listed it first
     for i, item in enumerate(numa_raw):
         nc = Checker(item, problems, file, host=name, prefix=f"numa_nodes[{i}].",
                      line=numa_raw.item_lines[i] if isinstance(numa_raw, LineList) else None)
@@ -308,6 +310,8 @@ def _host(name: str, raw: Any, defaults: Checker, problems: list[Problem], file:
         memory = nc.get("memory_gib", float, check=_positive)
         if cpus and not CPU_LIST_RE.fullmatch(cpus.replace(" ", "")):
             nc.fail(f"CPU list {cpus!r} is not like '0-31' or '0-15,64-79'", "cpus")
+        elif cpus:
+            _check_cpus(nc, cpus.replace(" ", ""), nid, seen_cpu if numa_policy != "none" else None)
         good: list[int] = []
         for g in gpus:
             if not isinstance(g, int) or isinstance(g, bool) or g < 0:
@@ -363,7 +367,7 @@ def _host(name: str, raw: Any, defaults: Checker, problems: list[Problem], file:
         name=name, address=address, ssh=ssh, numa_nodes=tuple(nodes), gpu_memory_gib=gpu_mem,
         engine_versions=versions, python=pick("python", str, "/usr/bin/python3"),
         bind_address=pick("bind_address", str, "0.0.0.0"),  # noqa: S104 - servers must be reachable
-        numa_policy=_numa_policy(pick("numa_policy", str, "bind"), c),
+        numa_policy=numa_policy,
         env=env, placements=tuple(placements), where=Where(file, line), deployment=host_deployment,
         supervisor=pick("supervisor", str, "auto", lambda v: None if v in SUPERVISORS else
                         f"one of {', '.join(SUPERVISORS)}"),
@@ -371,6 +375,32 @@ def _host(name: str, raw: Any, defaults: Checker, problems: list[Problem], file:
                         f"one of {', '.join(CONNECTIONS)}"),
         kubernetes=default_k8s.under(k8sinventory.k8s_settings(c, k8sinventory.HOST_KEYS)),
     )
+
+
+def _check_cpus(nc: Checker, cpus: str, nid: int, seen: dict[int, int] | None) -> None:
+    """A CPU belongs to one NUMA node: a list copied into a second entry (or a range written
+    backwards) would bind an engine to the other node's CPUs, or to none, without a word.
+    ``seen`` is None where the host binds no memory (numa_policy: none): its "NUMA nodes" may be
+    groups of GPUs on a machine whose kernel sees one node (a VM, the lab), sharing the CPUs."""
+    mine: set[int] = set()
+    for part in cpus.split(","):
+        a, _, b = part.partition("-")
+        first, last = int(a), int(b or a)
+        if last < first:
+            nc.fail(f"CPU range {part!r} runs backwards (write {last}-{first})", "cpus")
+            return
+        mine.update(range(first, last + 1))
+    if seen is None:
+        return
+    shared = sorted(c for c in mine if c in seen)
+    if shared:
+        other = seen[shared[0]]
+        nc.fail(f"CPU {shared[0]} is listed on NUMA node {other} and on NUMA node {nid}"
+                f"{f' ({len(shared)} CPUs in both)' if len(shared) > 1 else ''}: a CPU belongs to one NUMA node; "
+                "`lscpu` or /sys/devices/system/node/node<N>/cpulist on the host lists each node's CPUs (a host "
+                "that binds no memory, numa_policy: none, may share them)", "cpus")
+    for c in mine:
+        seen.setdefault(c, nid)
 
 
 def _gpu_memory(c: Checker, defaults: Checker, gpus: dict[int, int]) -> dict[int, float]:
