@@ -232,7 +232,7 @@ def parse_readiness(stdout: str) -> Readiness:
 
 def up(repo: Path | None = None, timeout: float = 120) -> list[str]:
     """Boot the cluster (replacing one left up) and return once both nodes are ``idle`` in sinfo and
-    ``sacct`` answers; returns sinfo's lines."""
+    ``sacct`` answers (within ``timeout`` of the boot); returns sinfo's lines."""
     control.ensure_tools()
     with _locked():
         started = time.monotonic()
@@ -259,8 +259,9 @@ def up(repo: Path | None = None, timeout: float = 120) -> list[str]:
         write_known_hosts(hosts)
         source = repo or repo_root()
         binds = [(SLURM_SHARED_DIR, config.SLURM_GUEST_SHARED)]
+        booted = time.monotonic()  # the boot's own deadline: a first image build (minutes) is not part of it
         control._each(hosts, lambda h: host.start(h, source, binds=binds), workers=len(hosts))
-        lines = _wait_ready(hosts, started + timeout)
+        lines = _wait_ready(hosts, booted + timeout)
         print(f"slurm: cluster {config.SLURM_CLUSTER} up in {time.monotonic() - started:.1f} s: "
               f"login node {hosts[0].name} {hosts[0].address}, nodes "
               f"{', '.join(f'{h.name} {h.address}' for h in hosts[1:])}, partition {config.SLURM_PARTITION}, "
