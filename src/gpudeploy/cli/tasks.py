@@ -116,6 +116,12 @@ def plan(c: Context, inventory: str | None = None, host: str | None = None, role
     Exit status: 0 deploy would go ahead, 1 the input has problems, 2 deploy would refuse a unit.
     """
     inventory = inventory_path(inventory)
+    from ..slurm.inventory import is_slurm
+
+    if is_slurm(inventory):  # a Slurm target: one batch job (slurm/)
+        from ..slurm.cli import plan as slurm_plan
+
+        return slurm_plan(inventory, json_=json_, suggest=suggest, files=files)
     from ..plan import load_plan
     from ..report import plan_json, plan_recap, plan_text
 

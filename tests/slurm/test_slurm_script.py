@@ -1,0 +1,128 @@
+"""The batch script and the steps' environment files, as bash runs them: fake ``scontrol`` and
+``srun`` on PATH record what each step would be started with, so the test checks the exact options
+and words a step gets, that slot placeholders become the nodes, and that a hostile value in an
+argument or the environment stays one literal word (nothing it names runs)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from gpudeploy.slurm.plan import SlurmPlan, load_slurm_plan
+
+HOSTILE = "a'b\"c $(touch PWNED) `touch PWNED` ${HOME} ; touch PWNED"
+
+INVENTORY = """\
+deployment: t1
+roles_dir: roles
+slurm:
+  login: {address: 10.232.0.10}
+  partition: gpu
+  account: proj
+  qos: high
+  time: "00:30:00"
+  gpus_per_node: 8
+  nodes: 2
+  output_dir: /shared/gd
+defaults:
+  gpu_memory_gib: 96
+  env: {HOSTILE: "%s"}
+hosts:
+  node0:
+    numa_nodes: [{id: 0, gpus: [0, 1, 2, 3], cpus: "0-3"}, {id: 1, gpus: [4, 5, 6, 7], cpus: "4-7"}]
+    roles: [{role: echo, numa_node: 1}]
+  node1:
+    numa_nodes: [{id: 0, gpus: [0, 1, 2, 3], cpus: "0-3"}]
+    roles: [peer]
+"""
+ECHO = """\
+engine: command
+gpus: 2
+ports: {http: 9000}
+argv: ["/bin/echo", "--url", "http://{{ address }}:{{ port }}/x", "%s"]
+"""
+PEER = """\
+engine: command
+gpus: 0
+ports: {http: 9001}
+argv: ["/bin/echo", "{{ address }}"]
+"""
+
+
+@pytest.fixture
+def planned(tmp_path: Path) -> SlurmPlan:
+    (tmp_path / "roles").mkdir()
+    escaped = HOSTILE.replace("\\", "\\\\").replace('"', '\\"')
+    (tmp_path / "hosts.yml").write_text(INVENTORY % escaped)
+    (tmp_path / "roles" / "echo.yml").write_text(ECHO % escaped)
+    (tmp_path / "roles" / "peer.yml").write_text(PEER)
+    return load_slurm_plan(str(tmp_path / "hosts.yml"), memory=False)
+
+
+def run_script(sp: SlurmPlan, tmp_path: Path) -> list[list[str]]:
+    """Run the batch script with fake srun/scontrol; each srun's argv (NUL-separated) is returned."""
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / "scontrol").write_text("#!/bin/sh\nprintf 'slurmn1\\nslurmn2\\n'\n")
+    (bin_ / "srun").write_text('#!/bin/bash\nprintf "%s\\0" "$@" > "$CALLS/$$"\n')
+    for f in bin_.iterdir():
+        f.chmod(0o755)
+    calls = tmp_path / "calls"
+    calls.mkdir()
+    script = tmp_path / "job.sh"
+    script.write_text(sp.script)
+    env = {"PATH": f"{bin_}:/usr/bin:/bin", "CALLS": str(calls), "SLURM_JOB_NODELIST": "slurmn[1-2]",
+           "HOME": "/nonexistent"}
+    subprocess.run(["/bin/bash", str(script)], cwd=tmp_path, env=env, check=True, timeout=30)
+    return [c.read_bytes().decode().split("\0")[:-1] for c in calls.iterdir()]
+
+
+def test_sbatch_options_are_exact(planned: SlurmPlan) -> None:
+    heads = [line for line in planned.script.splitlines() if line.startswith("#SBATCH")]
+    assert heads == ["#SBATCH -J gpudeploy-t1", "#SBATCH -N 2", "#SBATCH --gres=gpu:8", "#SBATCH -p gpu",
+                     "#SBATCH -t 00:30:00", "#SBATCH --exclusive", "#SBATCH --no-requeue",
+                     "#SBATCH -o /shared/gd/%j.batch.out", "#SBATCH -A proj", "#SBATCH --qos=high"]
+    assert planned.script.rstrip().endswith("wait")
+
+
+def test_each_step_gets_its_node_gpus_cpus_and_literal_words(planned: SlurmPlan, tmp_path: Path) -> None:
+    calls = {c[c.index("-J") + 1]: c for c in run_script(planned, tmp_path)}
+    assert set(calls) == {"gpudeploy-t1.echo", "gpudeploy-t1.peer"}
+    echo = calls["gpudeploy-t1.echo"]
+    # srun's options, exactly: one node, one task, the slot's node, its GPU count, its NUMA node's CPUs
+    assert echo[:echo.index("/bin/bash")] == [
+        "--exact", "-N1", "-n1", "--nodelist=slurmn1", "--gres=gpu:2", "-J", "gpudeploy-t1.echo",
+        "-o", "/shared/gd/%j.t1.echo.out", "--cpu-bind=mask_cpu:0xf0"]
+    # the command: the env file sourced, then the plan's argv word for word, the slot's node filled in
+    tail = echo[echo.index("/bin/bash"):]
+    assert tail[3:5] == ["gpudeploy-step", "/shared/gd/t1/t1.echo.env"]
+    assert tail[5:] == ["/bin/echo", "--url", "http://slurmn1:9000/x", HOSTILE]
+    peer = calls["gpudeploy-t1.peer"]
+    assert "--nodelist=slurmn2" in peer and "--gres=none" in peer
+    assert peer[-1] == "slurmn2"
+    assert not list(tmp_path.rglob("PWNED"))
+
+
+def test_env_file_sources_to_the_exact_values(planned: SlurmPlan, tmp_path: Path) -> None:
+    text = planned.files()["/shared/gd/t1/t1.echo.env"]
+    env_file = tmp_path / "step.env"
+    env_file.write_text(text)
+    out = subprocess.run(["/bin/bash", "-c", 'set -a; . "$1"; set +a; printf "%s\\0" "$HOSTILE" '
+                          '"$CUDA_VISIBLE_DEVICES"', "x", str(env_file)], cwd=tmp_path, capture_output=True,
+                         env={"PATH": "/usr/bin:/bin", "GPUDEPLOY_NODE_0": "slurmn1"}, check=True, timeout=30)
+    assert out.stdout.decode().split("\0")[:-1] == [HOSTILE, "4,5"]
+    assert not list(tmp_path.rglob("PWNED"))
+
+
+def test_secrets_are_masked_in_the_plan_and_never_in_the_script(tmp_path: Path) -> None:
+    (tmp_path / "roles").mkdir()
+    (tmp_path / "hosts.yml").write_text(INVENTORY % "x")
+    (tmp_path / "roles" / "echo.yml").write_text(ECHO % "x" + "secret_env: [HF_TOKEN]\n")
+    (tmp_path / "roles" / "peer.yml").write_text(PEER)
+    sp = load_slurm_plan(str(tmp_path / "hosts.yml"), memory=False)
+    assert "HF_TOKEN" not in sp.script
+    assert "HF_TOKEN='********'" in sp.files()["/shared/gd/t1/t1.echo.env"]
+    assert "HF_TOKEN=hf_secret" in sp.files({"HF_TOKEN": "hf_secret"})["/shared/gd/t1/t1.echo.env"]
+
