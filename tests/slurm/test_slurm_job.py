@@ -208,3 +208,5 @@ def test_status_shows_job_steps_and_health(planned: SlurmPlan, monkeypatch: pyte
     assert lines[1].split() == ["DEPLOYMENT", "JOB", "STEP", "NAME", "NODE", "STATE", "HEALTH", "ROUTER"]
     assert lines[2].split() == ["t1", "5", "5.1", "gpudeploy-t1.a", "slurmn1", "RUNNING", "ok", "-"]
     assert lines[3].split() == ["t1", "5", "5.0", "gpudeploy-t1.b", "slurmn1", "FAILED:", "exit", "code", "1", "-", "-"]
+    assert "step 5.0 gpudeploy-t1.b: FAILED: exit code 1; its output: /shared/gd/5.t1.b.out" in text
+    assert "cause: the server exited (FAILED: exit code 1)" in text

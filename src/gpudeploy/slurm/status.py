@@ -8,11 +8,13 @@ from dataclasses import dataclass
 
 from ..controlchars import printable
 from ..remote.base import Transport
+from ..verify.causes import classify, log_format
 from ..verify.http import status_of
 from . import queue
 from .job import HEALTH_TIMEOUT_S, Clock, resolve
 from .plan import SlurmPlan
 from .record import forget, read_record
+from .script import Step, output_file
 
 TEARDOWN_S = 60.0  # scancel -> every step ended (measured: 0.06 s in squeue, 0.35 s in sacct)
 
@@ -54,9 +56,22 @@ def status_text(sp: SlurmPlan, login: Transport) -> tuple[str, bool]:
                 router = _router_view(unit, login)
         if health != "ok":
             ok = False
+        if row is None and ended is not None:
+            notes.append(ended_note(login, s, ended, record.job, sp))
         rows.append((sp.deployment, record.job, step_id, s.name, node, state, health, router))
     text = f"job {record.job} {job_state}" + (f" on {job.nodelist}" if job is not None and job.nodelist else "")
     return printable("\n".join([text, table(head, rows), *notes]), lines=True), ok
+
+
+def ended_note(login: Transport, step: Step, ended: queue.StepRow, job: str, sp: SlurmPlan) -> str:
+    """An ended step, with the cause its own output file shows (the cause table of the gate)."""
+    path = output_file(sp.inv.target, step.unit, job)
+    fmt = log_format(step.unit.role.log_format)
+    lines = login.run(["tail", "-n", str(fmt.journal_lines), path], check=False, timeout=30).stdout.splitlines()
+    death = queue.step_death(ended)
+    cause = classify(lines, step.unit.role.settings, exited=True, exit_status=death, fmt=fmt)
+    text = f"step {ended.id} {step.name}: {death}; its output: {path}"
+    return text + (f"\n{cause.render()}" if cause is not None else "")
 
 
 def _router_view(router: object, login: Transport) -> str:
