@@ -83,7 +83,8 @@ def test_sbatch_options_are_exact(planned: SlurmPlan) -> None:
     heads = [line for line in planned.script.splitlines() if line.startswith("#SBATCH")]
     assert heads == ["#SBATCH -J gpudeploy-t1", "#SBATCH -N 2", "#SBATCH --gres=gpu:8", "#SBATCH -p gpu",
                      "#SBATCH -t 00:30:00", "#SBATCH --exclusive", "#SBATCH --no-requeue",
-                     "#SBATCH -o /shared/gd/%j.batch.out", "#SBATCH -A proj", "#SBATCH --qos=high"]
+                     "#SBATCH -o /shared/gd/%j.batch.out", "#SBATCH -D /shared/gd",
+                     "#SBATCH -A proj", "#SBATCH --qos=high"]
     assert planned.script.rstrip().endswith("wait")
 
 

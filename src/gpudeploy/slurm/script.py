@@ -85,7 +85,7 @@ def sbatch_options(target: SlurmTarget, deployment: str, slots: int) -> list[str
     (exclusive: every CPU of the node is the job's, so each step's NUMA CPU mask is its to bind)."""
     out = [f"-J {job_name(deployment)}", f"-N {target.nodes or slots}", f"--gres=gpu:{target.gpus_per_node}",
            f"-p {target.partition}", f"-t {target.time}", "--exclusive", "--no-requeue",
-           f"-o {target.output_dir}/%j.batch.out"]
+           f"-o {target.output_dir}/%j.batch.out", f"-D {target.output_dir}"]
     if target.account:
         out.append(f"-A {target.account}")
     if target.qos:
