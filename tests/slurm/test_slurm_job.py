@@ -210,3 +210,30 @@ def test_status_shows_job_steps_and_health(planned: SlurmPlan, monkeypatch: pyte
     assert lines[3].split() == ["t1", "5", "5.0", "gpudeploy-t1.b", "slurmn1", "FAILED:", "exit", "code", "1", "-", "-"]
     assert "step 5.0 gpudeploy-t1.b: FAILED: exit code 1; its output: /shared/gd/5.t1.b.out" in text
     assert "cause: the server exited (FAILED: exit code 1)" in text
+
+
+def test_a_step_whose_output_stops_moving_is_named_stalled(planned: SlurmPlan, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    stalls = "health: {timeout_s: 30, stall_s: 2, on_stall: stop}"
+    (tmp_path / "roles" / "a.yml").write_text((ROLE % 9000).replace("health: {timeout_s: 5}", stalls))
+    sp = load_slurm_plan(str(tmp_path / "hosts.yml"), memory=False)
+    monkeypatch.setattr(jobmod, "status_of", lambda *a, **k: None)
+
+    def answer(argv: list[str]) -> tuple[int, str]:
+        if argv[0] == "sbatch":
+            return 0, "3\n"
+        if argv[:3] == ["scontrol", "show", "hostnames"]:
+            return 0, "slurmn1\n"
+        if argv[0] == "squeue" and "-s" in argv:
+            return 0, "3.0|gpudeploy-t1.a|slurmn1\n3.1|gpudeploy-t1.b|slurmn1\n"
+        if argv[0] == "squeue":
+            return 0, "RUNNING|None|x|slurmn1\n"
+        if argv[0] == "tail" and argv[2] == "+1" and argv[-1].endswith(".a.out"):
+            return 0, "Load weight begin\n"  # then nothing more
+        return 1, ""
+    said: list[str] = []
+    out = deploy(sp, FakeLogin(answer), Options(), said.append, clock=Ticks())  # type: ignore[arg-type]
+    assert not out.ok
+    assert "step 3.0 gpudeploy-t1.a of job 3 on slurmn1: stalled" in out.message
+    assert "cause: stalled in loading weights for 2 s" in out.message
+    assert any(s.startswith("step 3.0 gpudeploy-t1.a: STALLED: stalled in loading weights") for s in said)

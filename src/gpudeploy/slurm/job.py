@@ -22,7 +22,8 @@ from dataclasses import dataclass, field, replace
 from ..errors import GpudeployError
 from ..model import Unit
 from ..remote.base import Transport
-from ..verify.causes import Cause, classify, log_format
+from ..verify import stall
+from ..verify.causes import Cause, LogFormat, classify, log_format, phase_of
 from ..verify.http import status_of
 from . import queue
 from .inventory import PLACEHOLDER_RE
@@ -60,6 +61,8 @@ class StepWatch:
     offset: int = 0
     lines: list[str] = field(default_factory=list)
     healthy: bool = False
+    phase: str = "starting"
+    quiet: stall.Clock | None = None  # when the step's output last moved (set once it runs)
 
 
 @dataclass(frozen=True)
@@ -244,8 +247,11 @@ def gate(sp: SlurmPlan, login: Transport, job: str, watches: list[StepWatch], de
             ended = acct.get(w.step.name)
             if ended is not None:
                 w.id = w.id or ended.id
-            read_output(login, w)
+            new = read_output(login, w)
             fmt = log_format(w.unit.role.log_format)
+            stalled = watch_progress(w, new, fmt, clock, say)
+            if stalled is not None:
+                return Outcome(False, job, step_failed(w, job, "stalled", stalled.cause()))
             if (ended is not None and queue.terminal(ended.state)) or (w.seen_running and row is None):
                 death = queue.step_death(ended) if ended is not None else "ended"
                 cause = classify(w.lines, w.unit.role.settings, exited=True, exit_status=death, fmt=fmt)
@@ -262,6 +268,31 @@ def gate(sp: SlurmPlan, login: Transport, job: str, watches: list[StepWatch], de
             waiting = ", ".join(f"{w.step.name} ({w.id or 'not started'})" for w in watches if not w.healthy)
             return Outcome(False, job, f"timed out waiting for /health of {waiting}")
         clock.sleep(POLL_S)
+
+
+NO_STACKS = stall.Stacks(note="no Python stacks: the step's node is reached only through Slurm (py-spy there: "
+                               "srun --jobid J --overlap py-spy dump --pid PID)")
+
+
+def watch_progress(w: StepWatch, new: list[str], fmt: LogFormat, clock: Clock, say: Say) -> stall.Stall | None:
+    """The stall detection of the SSH path, on the step's output: a line is progress, and a start
+    quiet for the role's ``health.stall_s`` of its phase is reported once; with ``on_stall: stop``
+    the Stall is returned (the gate fails the step)."""
+    if not w.seen_running:
+        return None
+    if w.quiet is None:
+        w.quiet = stall.Clock(now=clock.now)
+    for line in new:
+        w.phase = phase_of(line, fmt) or w.phase
+    if new:
+        w.quiet.moved()
+    health = w.unit.role.health
+    quiet = w.quiet.stalled(health.stall_after(w.phase))
+    if quiet is None:
+        return None
+    found = stall.Stall(w.phase, quiet, tuple(w.lines[-stall.LAST_LINES:]), NO_STACKS, health.on_stall)
+    say(f"step {w.id} {w.step.name}: {found.report()}")
+    return found if health.on_stall == "stop" else None
 
 
 def step_failed(w: StepWatch, job: str, how: str, cause: Cause | None) -> str:
