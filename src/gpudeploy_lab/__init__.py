@@ -10,6 +10,8 @@
     remove_nvml("lab2") / restore_nvml("lab2"): a host without an NVIDIA driver, and back
 
 Use ``invoke lab.up|lab.down|lab.status`` or ``python -m gpudeploy_lab up|down|status``. Needs root.
+The Slurm cluster beside it (slurm.py: slurmctl 10.232.0.10, slurmn1/slurmn2): ``invoke lab.slurm-up|
+lab.slurm-down`` or ``python -m gpudeploy_lab slurm up|down|status``.
 This package imports only the standard library (tasks.py adds invoke).
 """
 
@@ -48,8 +50,8 @@ _HOME = {"KNOWN_HOSTS": "config", "SSH_KEY": "config", "Host": "config", "lab_ho
          **{name: "control" for name in ("NO_SYSTEMD", "HostStatus", "clear_sglang_release", "down", "leftovers",
                                          "precondition_problem", "remove_nvml", "restore_nvml", "set_sglang_release",
                                          "status", "up")}}
-_MODULES = ("aptsources", "config", "control", "engine", "gpu_standin", "host", "rootfs", "sshclient", "standin",
-            "system", "tasks")
+_MODULES = ("aptsources", "config", "control", "engine", "gpu_standin", "host", "rootfs", "slurm", "slurmfiles",
+            "sshclient", "standin", "system", "tasks")
 
 
 def __getattr__(name: str) -> Any:

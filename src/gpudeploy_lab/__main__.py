@@ -1,12 +1,14 @@
 """``python -m gpudeploy_lab up [--hosts N] [--private A:B] [--no-systemd H] [--extra H] | down | status | engine
-| router | private A B | sglang H VERSION [FLAGS_LIKE] | nvml H [--restore]``: the lab without invoke."""
+| router | private A B | sglang H VERSION [FLAGS_LIKE] | nvml H [--restore] | slurm up|down|status``: the lab
+without invoke. ``down`` (what CI's cleanup runs) also takes the Slurm cluster down; ``down --only`` and
+``slurm down`` take only what they name."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from gpudeploy_lab import control, engine
+from gpudeploy_lab import control, engine, slurm
 from gpudeploy_lab.system import LabError
 
 
@@ -41,6 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     dn.add_argument("--only", action="append", default=[], metavar="HOST[,HOST]",
                     help="only these hosts; the others keep running (repeatable)")
     sub.add_parser("status", help="print each lab host's state")
+    sl = sub.add_parser("slurm", help="the Slurm cluster (slurmctl, slurmn1, slurmn2 on 10.232.0.0/24), "
+                        "beside the main lab")
+    sl.add_argument("action", choices=("up", "down", "status"))
     sub.add_parser("engine", help="build (once, cached) everything the hosts mount read-only: the vLLM CPU "
                    "venv with its tiny model, and the real sglang-router venv")
     sub.add_parser("router", help="build (once, cached) only the real sglang-router venv the hosts mount")
@@ -72,7 +77,18 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "router":
             engine.ensure_router()
         elif args.command == "down":
-            control.down([n for item in args.only for n in control.parse_names(item)])
+            only = [n for item in args.only for n in control.parse_names(item)]
+            if only:
+                control.down(only)
+            else:
+                down_everything()
+        elif args.command == "slurm":
+            if args.action == "up":
+                slurm.up()
+            elif args.action == "down":
+                slurm.down()
+            else:
+                print("\n".join(slurm.status()))
         else:
             statuses = control.status()
             for st in statuses:
@@ -86,6 +102,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"lab {args.command} failed: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def down_everything() -> None:
+    """The main lab and the Slurm cluster, each whatever the other's fate (CI's cleanup: nothing may stay)."""
+    errors = []
+    for part in (control.down, slurm.down):
+        try:
+            part()
+        except LabError as exc:
+            errors.append(str(exc))
+    if errors:
+        raise LabError("\n".join(errors))
 
 
 if __name__ == "__main__":

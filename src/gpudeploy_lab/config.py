@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 STATE_DIR = Path("/var/lib/gpudeploy-lab")  # ssh key, known_hosts, per-host overlay upper dirs, logs
 CACHE_DIR = Path("/var/cache/gpudeploy-lab")  # rootfs tarball + unpacked base, keyed by content
@@ -46,6 +47,38 @@ GPU_NAME = "NVIDIA RTX PRO 6000 Blackwell Server Edition (stand-in)"
 DRIVER_VERSION = "580.159.04-standin"
 
 
+class Machine(Protocol):
+    """What host.py needs of a host to build, boot and remove it: a main-lab :class:`Host` or a
+    :class:`SlurmHost` (each kind has its own bridge, names, cgroups and folders)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def address(self) -> str: ...
+    @property
+    def mac(self) -> str: ...
+    @property
+    def bridge(self) -> str: ...
+    @property
+    def netns(self) -> str: ...
+    @property
+    def veth(self) -> str: ...
+    @property
+    def run_dir(self) -> Path: ...
+    @property
+    def root(self) -> Path: ...
+    @property
+    def pid_file(self) -> Path: ...
+    @property
+    def state_dir(self) -> Path: ...
+    @property
+    def log_file(self) -> Path: ...
+    @property
+    def cgroups(self) -> tuple[Path, ...]: ...
+    @property
+    def cgroup_path(self) -> str: ...
+
+
 @dataclass(frozen=True)
 class Host:
     """One lab host: ``lab<index>`` at ``10.231.0.<10 + index>``."""
@@ -64,6 +97,10 @@ class Host:
     def mac(self) -> str:
         """Fixed per host, so ARP caches stay right when a host is recreated at the same address."""
         return f"02:00:0a:e7:00:{FIRST_HOST_OCTET - 1 + self.index:02x}"
+
+    @property
+    def bridge(self) -> str:
+        return BRIDGE
 
     @property
     def netns(self) -> str:
@@ -100,6 +137,11 @@ class Host:
     def cgroups(self) -> tuple[Path, ...]:
         """The host's cgroup in each hierarchy; the first is the v2 one."""
         return tuple(root / self.name for root in CGROUP_ROOTS)
+
+    @property
+    def cgroup_path(self) -> str:
+        """The host's v2 cgroup as /proc/PID/cgroup names it: /gpudeploy-lab/lab1."""
+        return f"/{CGROUP_NAME}/{self.name}"
 
 
 # Private links (a bastion topology): a veth pair between two hosts' network namespaces, nothing of it
@@ -142,6 +184,96 @@ class PrivateLink:
     @property
     def private_ifname(self) -> str:
         return PRIVATE_HOST_PREFIX + self.bastion.name
+
+
+# --- the Slurm cluster (slurm.py): hosts of its own beside lab1..labN, on a bridge of its own -----
+# Nothing of it shares a name, folder, cgroup or link with the main lab, so either can go up and down
+# while the other runs; only ``python -m gpudeploy_lab down`` (CI's cleanup) takes both.
+SLURM_BRIDGE = "gdslurm0"
+SLURM_BRIDGE_ADDRESS = "10.232.0.1"
+# 10.232.0.0/24 lies inside PRIVATE_ROUTE, whose private links use 10.232.<lab index >= 1>.0/24: never .0,
+# and the bridge's connected /24 route is more specific than the /16 "unreachable" one.
+SLURM_STATE_DIR = STATE_DIR / "slurm"  # per-host overlay upper dirs, logs, the shared folder, the lock
+SLURM_RUN_DIR = Path("/run/gpudeploy-slurm")  # per-host mount points and pid files
+# the cluster's host keys: a file of its own, since the main lab's up rewrites known_hosts with its hosts only
+SLURM_KNOWN_HOSTS = STATE_DIR / "slurm_known_hosts"
+SLURM_SHARED_DIR = SLURM_STATE_DIR / "shared"  # every host's /shared (the cluster's "NFS")
+SLURM_GUEST_SHARED = "/shared"
+SLURM_NET_PREFIX = "gds-"  # netns and outer veth: gds-slurmn1 (an interface name has at most 15 chars)
+SLURM_CGROUP_NAME = "gpudeploy-slurm"
+SLURM_CLUSTER = "gdlab"
+SLURM_PARTITION = "gpu"
+SLURM_CONTROLLER = "slurmctl"
+SLURM_NODES = ("slurmn1", "slurmn2")
+_SLURM_OCTETS = {SLURM_CONTROLLER: 10, **{n: 11 + i for i, n in enumerate(SLURM_NODES)}}
+
+
+@dataclass(frozen=True)
+class SlurmHost:
+    """One host of the Slurm cluster: ``slurmctl`` (10.232.0.10) or ``slurmnN`` (10.232.0.1N)."""
+
+    name: str
+
+    @property
+    def octet(self) -> int:
+        return _SLURM_OCTETS[self.name]
+
+    @property
+    def is_controller(self) -> bool:
+        return self.name == SLURM_CONTROLLER
+
+    @property
+    def address(self) -> str:
+        return f"10.232.0.{self.octet}"
+
+    @property
+    def mac(self) -> str:
+        return f"02:00:0a:e8:00:{self.octet:02x}"
+
+    @property
+    def bridge(self) -> str:
+        return SLURM_BRIDGE
+
+    @property
+    def netns(self) -> str:
+        return SLURM_NET_PREFIX + self.name
+
+    @property
+    def veth(self) -> str:
+        return SLURM_NET_PREFIX + self.name
+
+    @property
+    def run_dir(self) -> Path:
+        return SLURM_RUN_DIR / self.name
+
+    @property
+    def root(self) -> Path:
+        return self.run_dir / "root"
+
+    @property
+    def pid_file(self) -> Path:
+        return self.run_dir / "nspawn.pid"
+
+    @property
+    def state_dir(self) -> Path:
+        return SLURM_STATE_DIR / "hosts" / self.name
+
+    @property
+    def log_file(self) -> Path:
+        return SLURM_STATE_DIR / "logs" / f"{self.name}.log"
+
+    @property
+    def cgroups(self) -> tuple[Path, ...]:
+        return tuple(root.with_name(SLURM_CGROUP_NAME) / self.name for root in CGROUP_ROOTS)
+
+    @property
+    def cgroup_path(self) -> str:
+        return f"/{SLURM_CGROUP_NAME}/{self.name}"
+
+
+def slurm_hosts() -> list[SlurmHost]:
+    """slurmctl, slurmn1, slurmn2."""
+    return [SlurmHost(n) for n in (SLURM_CONTROLLER, *SLURM_NODES)]
 
 
 def lab_hosts(count: int) -> list[Host]:

@@ -10,7 +10,7 @@ import shutil
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -19,7 +19,7 @@ from typing import TypeVar
 
 from gpudeploy import flagspec
 from gpudeploy_lab import config, gpu_faults, host, rootfs
-from gpudeploy_lab.config import Host, PrivateLink, host_named, lab_hosts, repo_root
+from gpudeploy_lab.config import Host, Machine, PrivateLink, host_named, lab_hosts, repo_root
 from gpudeploy_lab.sshclient import SSH_FAILED, ensure_key, ssh, write_known_hosts
 from gpudeploy_lab.standin import release
 from gpudeploy_lab.system import (
@@ -37,6 +37,7 @@ from gpudeploy_lab.system import (
 )
 
 T = TypeVar("T")
+K = TypeVar("K", bound=Hashable)  # a Host, or a SlurmHost (slurm.py boots its hosts with _each too)
 
 # executable -> Debian package that provides it (the rootfs is cached as a directory: no zstd needed)
 TOOLS = {"systemd-nspawn": "systemd-container", "mmdebstrap": "mmdebstrap", "ip": "iproute2",
@@ -277,13 +278,13 @@ def _say(line: str) -> None:
         print(line, flush=True)
 
 
-def _each(hosts: Sequence[Host], fn: Callable[[Host], T], workers: int) -> dict[Host, T]:
+def _each(hosts: Sequence[K], fn: Callable[[K], T], workers: int) -> dict[K, T]:
     """``fn(host)`` for every host, at most ``workers`` at once. The first error (in host order)
     is raised once every call that had begun has ended; calls not begun yet are not made."""
     if not hosts:
         return {}
     pool = ThreadPoolExecutor(max_workers=max(1, min(workers, len(hosts))), thread_name_prefix="lab")
-    futures: dict[Host, Future[T]] = {h: pool.submit(fn, h) for h in hosts}
+    futures: dict[K, Future[T]] = {h: pool.submit(fn, h) for h in hosts}
     try:
         _done, pending = wait(futures.values(), return_when=FIRST_EXCEPTION)
         if pending:  # one failed: start no more, let those under way finish
@@ -568,7 +569,7 @@ def down(hosts: Sequence[str | Host] = ()) -> None:
         print(f"lab: {len(hosts)} host(s) down in {time.monotonic() - started:.1f} s", flush=True)
 
 
-def _sweep(hosts: list[Host]) -> None:
+def _sweep(hosts: Sequence[Machine]) -> None:
     """Stop (all at once, then wait) and release the given hosts, whatever state they are in."""
     asked = {h: host.request_stop(h) for h in hosts}
     for h in hosts:

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from gpudeploy_lab import config, engine
-from gpudeploy_lab.config import Host, PrivateLink, host_named
+from gpudeploy_lab.config import Host, Machine, PrivateLink, host_named
 from gpudeploy_lab.system import (
     LabError,
     cgroup_kill,
@@ -48,24 +48,24 @@ _children: dict[str, subprocess.Popen[bytes]] = {}
 
 # --- network --------------------------------------------------------------------------------------
 
-def ensure_bridge() -> None:
-    if not link_exists(config.BRIDGE):
-        run(["ip", "link", "add", config.BRIDGE, "type", "bridge"])
-        run(["ip", "addr", "add", f"{config.BRIDGE_ADDRESS}/{config.PREFIX_LEN}", "dev", config.BRIDGE])
-    run(["ip", "link", "set", config.BRIDGE, "up"])
+def ensure_bridge(name: str = config.BRIDGE, address: str = config.BRIDGE_ADDRESS) -> None:
+    if not link_exists(name):
+        run(["ip", "link", "add", name, "type", "bridge"])
+        run(["ip", "addr", "add", f"{address}/{config.PREFIX_LEN}", "dev", name])
+    run(["ip", "link", "set", name, "up"])
 
 
-def remove_bridge() -> None:
-    if link_exists(config.BRIDGE):
-        run(["ip", "link", "del", config.BRIDGE])
+def remove_bridge(name: str = config.BRIDGE) -> None:
+    if link_exists(name):
+        run(["ip", "link", "del", name])
 
 
-def _setup_network(host: Host) -> None:
+def _setup_network(host: Machine) -> None:
     """A netns whose only link (eth0) is a veth to the bridge; no default route: nothing leaves."""
     run(["ip", "netns", "add", host.netns])
     run(["ip", "link", "add", host.veth, "type", "veth",
          "peer", "name", "eth0", "address", host.mac, "netns", host.netns])
-    run(["ip", "link", "set", host.veth, "master", config.BRIDGE, "up"])
+    run(["ip", "link", "set", host.veth, "master", host.bridge, "up"])
     ns = ["ip", "-n", host.netns]
     run([*ns, "addr", "add", f"{host.address}/{config.PREFIX_LEN}", "dev", "eth0"])
     run([*ns, "link", "set", "lo", "up"])
@@ -159,7 +159,7 @@ def remove_private_route() -> None:
 
 # --- files ----------------------------------------------------------------------------------------
 
-def gpus_json(host: Host) -> str:
+def gpus_json(host: Machine) -> str:
     gpus = [{
         "index": i,
         "name": config.GPU_NAME,
@@ -184,11 +184,11 @@ def write_etc_hosts(host: Host, hosts: list[Host], links: Sequence[PrivateLink] 
     write_file(host.root / "etc/hosts", etc_hosts(hosts, links))
 
 
-def host_public_key(host: Host) -> str:
+def host_public_key(host: Machine) -> str:
     return (host.root / "etc/ssh/ssh_host_ed25519_key.pub").read_text().split()[:2][1]
 
 
-def _write_host_files(host: Host, authorized_key: str) -> None:
+def _write_host_files(host: Machine, authorized_key: str) -> None:
     root = host.root
     write_file(root / "etc/hostname", host.name + "\n")
     write_file(root / "root/.ssh/authorized_keys", authorized_key, mode=0o600)
@@ -202,7 +202,7 @@ def _write_host_files(host: Host, authorized_key: str) -> None:
 
 # --- life cycle -----------------------------------------------------------------------------------
 
-def prepare(host: Host, base: Path, authorized_key: str) -> None:
+def prepare(host: Machine, base: Path, authorized_key: str) -> None:
     """Network and root filesystem for a host that is not running (call release() first)."""
     upper, work = host.state_dir / "upper", host.state_dir / "work"
     for d in (upper, work, host.root):
@@ -225,10 +225,11 @@ NO_SYSTEMD_INIT = (
 )
 
 
-def nspawn_argv(host: Host, repo: Path, systemd: bool = True) -> list[str]:
+def nspawn_argv(host: Machine, repo: Path, systemd: bool = True, binds: Sequence[tuple[Path, str]] = ()) -> list[str]:
     """``systemd``: boot the image's systemd as PID 1 (``--boot``). Otherwise a host like a rented GPU
     container: ``--as-pid2`` runs :data:`NO_SYSTEMD_INIT` under nspawn's stub init, no systemd at all
-    (no ``/run/systemd/system``); the same root, binds, network, key and address."""
+    (no ``/run/systemd/system``); the same root, binds, network, key and address. ``binds``: more
+    (source, target) folders, writable (the Slurm cluster's /shared)."""
     argv = ["systemd-nspawn", "--boot" if systemd else "--as-pid2", f"--directory={host.root}",
             f"--machine={host.name}",
             "--register=no", "--keep-unit",  # there is no system bus on the main machine
@@ -242,12 +243,13 @@ def nspawn_argv(host: Host, repo: Path, systemd: bool = True) -> list[str]:
                   file=sys.stderr, flush=True)
     engines, guest_engines = engine.bind_mount()  # vLLM venv + tiny model, also when built later
     argv.append(f"--bind-ro={engines}:{guest_engines}")
+    argv += [f"--bind={source}:{target}" for source, target in binds]
     if not systemd:
         argv += ["--", "/bin/sh", "-c", NO_SYSTEMD_INIT]
     return argv
 
 
-def start(host: Host, repo: Path, systemd: bool = True) -> int:
+def start(host: Machine, repo: Path, systemd: bool = True, binds: Sequence[tuple[Path, str]] = ()) -> int:
     """Boot the prepared host (``systemd=False``: see :func:`nspawn_argv`); return nspawn's PID (also
     written to the host's pid file)."""
     host.log_file.parent.mkdir(parents=True, exist_ok=True)
@@ -255,7 +257,7 @@ def start(host: Host, repo: Path, systemd: bool = True) -> int:
     with host.log_file.open("wb") as log:
         proc = subprocess.Popen(
             ["sh", "-c", _ENTER_CGROUPS_AND_EXEC, "sh", *(str(cg / "cgroup.procs") for cg in host.cgroups),
-             "--", *nspawn_argv(host, repo, systemd)],
+             "--", *nspawn_argv(host, repo, systemd, binds)],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
             start_new_session=True)
     _children[host.name] = proc
@@ -266,7 +268,7 @@ def start(host: Host, repo: Path, systemd: bool = True) -> int:
     return proc.pid
 
 
-def nspawn_pid(host: Host) -> int | None:
+def nspawn_pid(host: Machine) -> int | None:
     """PID of the host's running nspawn, checked against its cgroup (a reused PID does not count).
 
     nspawn starts in the host's cgroup and moves itself to ``supervisor/`` below it (``payload/``
@@ -276,11 +278,11 @@ def nspawn_pid(host: Host) -> int | None:
         pid = int(host.pid_file.read_text())
     except (FileNotFoundError, ValueError):
         return None
-    cgroup = f"/{config.CGROUP_NAME}/{host.name}"
+    cgroup = host.cgroup_path
     return pid if pid_in_cgroup(pid, (cgroup, f"{cgroup}/supervisor")) else None
 
 
-def boots_systemd(host: Host) -> bool | None:
+def boots_systemd(host: Machine) -> bool | None:
     """Whether the host's running nspawn booted systemd (``--boot``), read from its command line;
     None when it does not run."""
     pid = nspawn_pid(host)
@@ -295,13 +297,13 @@ def boots_systemd(host: Host) -> bool | None:
     return b"--boot" in own
 
 
-def is_running(host: Host) -> bool:
+def is_running(host: Machine) -> bool:
     """nspawn alive, root mounted and netns present: a host that ``up`` may keep."""
     return (nspawn_pid(host) is not None and is_mount_point(host.root)
             and Path("/run/netns", host.netns).exists())
 
 
-def request_stop(host: Host) -> bool:
+def request_stop(host: Machine) -> bool:
     """Ask for a clean poweroff: nspawn forwards SIGTERM to the container's systemd.
 
     Returns False if there is no nspawn to ask (never started, or crashed: its container may live on).
@@ -312,7 +314,7 @@ def request_stop(host: Host) -> bool:
     return pid is not None
 
 
-def finish_stop(host: Host, timeout: float = 15) -> None:
+def finish_stop(host: Machine, timeout: float = 15) -> None:
     """Wait up to ``timeout`` for the host's cgroup to empty; then SIGKILL what is left in it."""
     v2 = host.cgroups[0]
     if not wait_until(lambda: not cgroup_populated(v2), timeout):
@@ -324,7 +326,7 @@ def finish_stop(host: Host, timeout: float = 15) -> None:
         child.wait(timeout=5)  # reap it
 
 
-def release(host: Host) -> None:
+def release(host: Machine) -> None:
     """Remove everything the host owns on the main machine. Its processes must be gone."""
     unmount_all_under(host.run_dir)
     if Path("/run/netns", host.netns).exists():

@@ -12,11 +12,12 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from gpudeploy_lab import aptsources
 from gpudeploy_lab.config import CACHE_DIR, GUEST_SHIMS, GUEST_SRC
-from gpudeploy_lab.system import LabError, remove_other_keys, run
+from gpudeploy_lab.system import LabError, remove_other_keys, run, write_file
 
 RECIPE_REVISION = 1
 SUITE = "bookworm"
@@ -54,9 +55,13 @@ FILES: dict[str, str] = {
 DIRECTORIES = (GUEST_SRC, GUEST_SHIMS, "/etc/gpudeploy-lab", "/root/.ssh")
 
 
-def cache_key() -> str:
-    recipe = {"revision": RECIPE_REVISION, "suite": SUITE, "packages": PACKAGES,
+def cache_key(packages: tuple[str, ...] = PACKAGES, extra: object = None) -> str:
+    """The image's key: the package list, what :func:`customize` writes and ``extra`` (a second image's
+    own recipe, e.g. slurmfiles.IMAGE_RECIPE)."""
+    recipe = {"revision": RECIPE_REVISION, "suite": SUITE, "packages": packages,
               "masked": MASKED_UNITS, "files": FILES, "dirs": DIRECTORIES}
+    if extra is not None:
+        recipe["extra"] = extra
     return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -66,7 +71,13 @@ def base_dir() -> Path:
 
 def ensure_rootfs(log: bool = True) -> Path:
     """Return the cached base tree, building it first if it is missing (~30 s, needs the mirror)."""
-    final = base_dir()
+    return ensure_image(base_dir(), PACKAGES, log=log)
+
+
+def ensure_image(final: Path, packages: tuple[str, ...], then: Callable[[Path], None] | None = None,
+                 log: bool = True) -> Path:
+    """Return ``final``, building it first if it is missing: mmdebstrap with ``packages``, then
+    :func:`customize`, then ``then(tree)`` (a second image's own steps)."""
     if final.is_dir():
         return final
     partial = final.with_name(final.name + ".partial")
@@ -75,7 +86,7 @@ def ensure_rootfs(log: bool = True) -> Path:
     CACHE_DIR.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     if log:
-        print(f"lab: building rootfs {final.name} with mmdebstrap ({SUITE}, {len(PACKAGES)} packages)",
+        print(f"lab: building rootfs {final.name} with mmdebstrap ({SUITE}, {len(packages)} packages)",
               flush=True)
     mirror = MIRROR_OVERRIDE
     if mirror is None:
@@ -84,11 +95,13 @@ def ensure_rootfs(log: bool = True) -> Path:
             raise LabError(f"this machine's apt sources ({', '.join(aptsources.SOURCE_FILES)}) have no entry for "
                            f"{SUITE}; set GPUDEPLOY_LAB_MIRROR to a Debian mirror URL")
         sources_file = CACHE_DIR / "lab.sources"
-        sources_file.write_text(sources)
+        write_file(sources_file, sources)  # atomic: the main lab and the Slurm cluster may build at once
         mirror = str(sources_file)
-    run(["mmdebstrap", "--variant=minbase", "--include=" + ",".join(PACKAGES), "--quiet",
+    run(["mmdebstrap", "--variant=minbase", "--include=" + ",".join(packages), "--quiet",
          *aptsources.machine_proxy_options(), SUITE, str(partial), mirror], timeout=900)
     customize(partial)
+    if then is not None:
+        then(partial)
     partial.rename(final)
     if log:
         print(f"lab: rootfs built in {time.monotonic() - started:.1f} s", flush=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shlex
 import subprocess
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 
 from gpudeploy_lab import config
 from gpudeploy_lab.config import Host, PrivateLink
@@ -40,28 +41,32 @@ def write_known_hosts(keys: Iterable[tuple[Host, str]], links: Sequence[PrivateL
     write_file(config.KNOWN_HOSTS, "".join(line + "\n" for line in lines))
 
 
-def _options(connect_timeout: float) -> list[str]:
+def _options(connect_timeout: float, known_hosts: Path | None = None) -> list[str]:
+    known = known_hosts or config.KNOWN_HOSTS
     return ["-F", "/dev/null", "-i", str(config.SSH_KEY), "-o", "IdentitiesOnly=yes",
-            "-o", "BatchMode=yes", "-o", f"UserKnownHostsFile={config.KNOWN_HOSTS}",
+            "-o", "BatchMode=yes", "-o", f"UserKnownHostsFile={known}",
             "-o", "GlobalKnownHostsFile=/dev/null", "-o", "StrictHostKeyChecking=yes",
             "-o", f"ConnectTimeout={connect_timeout:g}", "-o", "LogLevel=ERROR"]
 
 
-def ssh_argv(address: str, command: str, connect_timeout: float = 3, jump: str | None = None) -> list[str]:
+def ssh_argv(address: str, command: str, connect_timeout: float = 3, jump: str | None = None,
+             known_hosts: Path | None = None) -> list[str]:
     """``ssh`` to ``root@address``; with ``jump`` (a bastion's address) through it, ``ssh -W``, both
-    hops with the lab's key and strict checking against the lab's known_hosts."""
-    argv = ["ssh", *_options(connect_timeout)]
+    hops with the lab's key and strict checking against the lab's known_hosts (or ``known_hosts``:
+    the Slurm cluster's file)."""
+    argv = ["ssh", *_options(connect_timeout, known_hosts)]
     if jump is not None:
-        hop = ["ssh", *_options(connect_timeout), "-W", "%h:%p", f"root@{jump}"]
+        hop = ["ssh", *_options(connect_timeout, known_hosts), "-W", "%h:%p", f"root@{jump}"]
         argv += ["-o", "ProxyCommand=" + " ".join(shlex.quote(a) for a in hop)]
     return [*argv, f"root@{address}", command]
 
 
 def ssh(address: str, command: str, timeout: float = 30, input: str | None = None,
-        jump: str | None = None, connect_timeout: float = 3) -> subprocess.CompletedProcess[str]:
+        jump: str | None = None, connect_timeout: float = 3,
+        known_hosts: Path | None = None) -> subprocess.CompletedProcess[str]:
     """Run ``command`` on a lab host (through ``jump`` if given); returncode 255: ssh itself failed."""
     try:
-        return subprocess.run(ssh_argv(address, command, connect_timeout, jump=jump), input=input, capture_output=True,
-                              text=True, timeout=timeout, check=False)
+        return subprocess.run(ssh_argv(address, command, connect_timeout, jump=jump, known_hosts=known_hosts),
+                              input=input, capture_output=True, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired as exc:
         return subprocess.CompletedProcess(exc.cmd, SSH_FAILED, "", f"timed out after {timeout:.0f} s")

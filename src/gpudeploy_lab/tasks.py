@@ -3,7 +3,7 @@
 ``invoke lab.up --no-systemd lab3``, ``invoke lab.sglang --host lab2 --version 0.5.99 --flags-like 0.5.10
 [--clear]``, ``invoke lab.nvml --host lab2 [--driver-not-loaded] [--restore]``,
 ``invoke lab.xid --host lab2 --gpu 0 --xid 79``, ``invoke lab.gpu --host lab2 --gpu 0 --remap pending``
-(``--restore``)."""
+(``--restore``), ``invoke lab.slurm-up``, ``invoke lab.slurm-down``, ``invoke lab.slurm-status``."""
 
 from __future__ import annotations
 
@@ -178,6 +178,37 @@ def router(c: Context) -> None:
         raise Exit(f"lab router failed: {exc}", code=1) from exc
 
 
+@task
+def slurm_up(c: Context) -> None:
+    """Boot the Slurm cluster (slurmctl + slurmn1/slurmn2, 10.232.0.0/24) with the engines, replacing one left up."""
+    from gpudeploy_lab import engine, slurm
+
+    try:
+        engine.ensure_all()  # the compute nodes run the real SGLang and router as job steps, like lab hosts
+        slurm.up()
+    except LabError as exc:
+        raise Exit(f"lab slurm-up failed: {exc}", code=1) from exc
+
+
+@task
+def slurm_down(c: Context) -> None:
+    """Stop the Slurm cluster and remove everything it left (the main lab's hosts keep running)."""
+    from gpudeploy_lab import slurm
+
+    try:
+        slurm.down()
+    except LabError as exc:
+        raise Exit(f"lab slurm-down failed: {exc}", code=1) from exc
+
+
+@task
+def slurm_status(c: Context) -> None:
+    """Print each Slurm cluster host, and sinfo's nodes when the controller answers."""
+    from gpudeploy_lab import slurm
+
+    print("\n".join(slurm.status()))
+
+
 lab_collection = Collection("lab", up, down, status, engine_, router, private, sglang_release, nvml, xid,
-                            gpu_health)
+                            gpu_health, slurm_up, slurm_down, slurm_status)
 ns = lab_collection

@@ -22,6 +22,8 @@ import pytest
 from deploytools import CALIBRATION, FLAGS_CACHE, Deployments
 
 import gpudeploy_lab as labctl
+from gpudeploy_lab import config as labconfig
+from gpudeploy_lab import slurm as slurmctl
 
 REPO = Path(__file__).resolve().parents[2]
 MIN_HOSTS = 3
@@ -127,6 +129,47 @@ def deployments(lab: Lab, tmp_path: Path) -> Iterator[Deployments]:
     d = Deployments(lab, tmp_path)
     yield d
     d.cleanup()
+
+
+@dataclass(frozen=True)
+class SlurmLab:
+    """The lab's Slurm cluster (gpudeploy_lab/slurm.py): submit on ``controller``, read job output
+    from ``shared`` (this machine's side of every host's ``/shared``)."""
+
+    controller: LabHost
+    nodes: list[LabHost]
+    shared: Path
+    guest_shared: str
+    partition: str
+
+    def ssh(self, cmd: str, *, host: str | None = None, input: str | None = None, timeout: float = 30,
+            check: bool = False) -> subprocess.CompletedProcess[str]:
+        """Run ``cmd`` as root on the controller (or the node ``host``), host keys checked against the
+        cluster's own known_hosts."""
+        address = next(h.address for h in [self.controller, *self.nodes] if h.name == (host or self.controller.name))
+        argv = labctl.ssh_argv(address, cmd, known_hosts=labconfig.SLURM_KNOWN_HOSTS)
+        proc = subprocess.run(argv, input=input, capture_output=True, text=True, timeout=timeout, check=False)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"ssh {address} {cmd!r} exited {proc.returncode}: {proc.stderr.strip()}")
+        return proc
+
+
+@pytest.fixture(scope="session")
+def slurm_lab() -> Iterator[SlurmLab]:
+    """The Slurm cluster, brought up once (replacing one left up) for every Slurm lab test, down at the end."""
+    reason = skip_reason()
+    if reason:
+        print(reason, file=sys.stderr)
+        pytest.skip(reason)
+    try:
+        slurmctl.up()
+    except labctl.LabError:
+        slurmctl.down()
+        raise
+    hosts = [LabHost(h.name, h.address) for h in labconfig.slurm_hosts()]
+    yield SlurmLab(controller=hosts[0], nodes=hosts[1:], shared=labconfig.SLURM_SHARED_DIR,
+                   guest_shared=labconfig.SLURM_GUEST_SHARED, partition=labconfig.SLURM_PARTITION)
+    slurmctl.down()
 
 
 def no_systemd_host(lab: Lab, name: str) -> Iterator[str]:
