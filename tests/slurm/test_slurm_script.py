@@ -31,7 +31,7 @@ defaults:
   env: {HOSTILE: "%s"}
 hosts:
   node0:
-    numa_nodes: [{id: 0, gpus: [0, 1, 2, 3], cpus: "0-3"}, {id: 1, gpus: [4, 5, 6, 7], cpus: "4-7"}]
+    numa_nodes: [{id: 0, gpus: [0, 1, 2, 3], cpus: "0"}, {id: 1, gpus: [4, 5, 6, 7], cpus: "1"}]
     roles: [{role: echo, numa_node: 1}]
   node1:
     numa_nodes: [{id: 0, gpus: [0, 1, 2, 3], cpus: "0-3"}]
@@ -95,14 +95,32 @@ def test_each_step_gets_its_node_gpus_cpus_and_literal_words(planned: SlurmPlan,
     # srun's options, exactly: one node, one task, the slot's node, its GPU count, its NUMA node's CPUs
     assert echo[:echo.index("/bin/bash")] == [
         "--exact", "-N1", "-n1", "--nodelist=slurmn1", "--gres=gpu:2", "-J", "gpudeploy-t1.echo",
-        "-o", "/shared/gd/%j.t1.echo.out", "--cpu-bind=mask_cpu:0xf0"]
-    # the command: the env file sourced, then the plan's argv word for word, the slot's node filled in
+        "-o", "/shared/gd/%j.t1.echo.out", "--cpu-bind=none"]
+    # the command: the env file sourced, bound to its NUMA node's CPUs, then the plan's argv word for
+    # word, the slot's node filled in
     tail = echo[echo.index("/bin/bash"):]
-    assert tail[3:5] == ["gpudeploy-step", "/shared/gd/t1/t1.echo.env"]
-    assert tail[5:] == ["/bin/echo", "--url", "http://slurmn1:9000/x", HOSTILE]
+    assert tail[3:6] == ["gpudeploy-step", "/shared/gd/t1/t1.echo.env", "1"]
+    assert tail[6:] == ["/bin/echo", "--url", "http://slurmn1:9000/x", HOSTILE]
     peer = calls["gpudeploy-t1.peer"]
-    assert "--nodelist=slurmn2" in peer and "--gres=none" in peer
-    assert peer[-1] == "slurmn2"
+    assert peer[:4] == ["--overlap", "-N1", "-n1", "--nodelist=slurmn2"] and "--gres=none" in peer
+    assert peer[-3:] == ["", "/bin/echo", "slurmn2"]  # no GPUs: no binding
+    assert not list(tmp_path.rglob("PWNED"))
+
+
+def test_a_step_sources_its_env_and_binds_its_cpus(planned: SlurmPlan, tmp_path: Path) -> None:
+    """The step's own command, run as srun would run it on the node: its environment file's values
+    and its NUMA node's CPUs (CPU 1 here; every machine the tests run on has two)."""
+    call = {c[c.index("-J") + 1]: c for c in run_script(planned, tmp_path)}["gpudeploy-t1.echo"]
+    env_file = tmp_path / "step.env"
+    env_file.write_text(planned.files()["/shared/gd/t1/t1.echo.env"])
+    step = call[call.index("/bin/bash"):call.index("/bin/bash") + 6]
+    step[4] = str(env_file)
+    probe = ["/bin/sh", "-c", 'printf "%s\\0" "$HOSTILE" "$(grep Cpus_allowed_list /proc/self/status)"']
+    out = subprocess.run([*step, *probe], cwd=tmp_path, capture_output=True, check=True, timeout=30,
+                         env={"PATH": "/usr/bin:/bin", "GPUDEPLOY_NODE_0": "slurmn1"})
+    hostile, cpus = out.stdout.decode().split("\0")[:2]
+    assert hostile == HOSTILE
+    assert cpus.split() == ["Cpus_allowed_list:", "1"], out.stderr
     assert not list(tmp_path.rglob("PWNED"))
 
 

@@ -196,7 +196,7 @@ def wait_running(login: Transport, job: str, deadline: float, timeout: float, sa
             return queue.JobState("GONE", "not in squeue", "", "")
         if state.state != "PENDING":
             return state
-        if (state.reason, state.start) != said:
+        if (state.reason, state.start) != said and state.reason != "None":  # None: not yet scheduled
             said = (state.reason, state.start)
             say(f"job {job} pending: {state.reason} (estimated start {state.start})")
         if clock.now() >= deadline:
@@ -255,7 +255,10 @@ def gate(sp: SlurmPlan, login: Transport, job: str, watches: list[StepWatch], de
             if (ended is not None and queue.terminal(ended.state)) or (w.seen_running and row is None):
                 death = queue.step_death(ended) if ended is not None else "ended"
                 cause = classify(w.lines, w.unit.role.settings, exited=True, exit_status=death, fmt=fmt)
-                return Outcome(False, job, step_failed(w, job, death, cause))
+                said = srun_said(login, sp, job, w.id)
+                srun = "\n".join(f"    | {x}" for x in said)
+                return Outcome(False, job, step_failed(w, job, death, cause)
+                               + (f"\nsrun said (batch output):\n{srun}" if said else ""))
             cause = classify(w.lines, w.unit.role.settings, exited=False, fmt=fmt)
             if cause is not None and cause.fatal:
                 return Outcome(False, job, step_failed(w, job, "running, but its output says it failed", cause))
@@ -293,6 +296,15 @@ def watch_progress(w: StepWatch, new: list[str], fmt: LogFormat, clock: Clock, s
     found = stall.Stall(w.phase, quiet, tuple(w.lines[-stall.LAST_LINES:]), NO_STACKS, health.on_stall)
     say(f"step {w.id} {w.step.name}: {found.report()}")
     return found if health.on_stall == "stop" else None
+
+
+def srun_said(login: Transport, sp: SlurmPlan, job: str, step_id: str) -> list[str]:
+    """What srun wrote into the batch output about a step that could not start or died (a launch
+    refused by Slurm leaves the step's own output empty): its errors, and the lines naming it."""
+    path = f"{sp.inv.target.output_dir}/{job}.batch.out"
+    lines = login.run(["tail", "-n", "200", path], check=False, timeout=30).stdout.splitlines()
+    mine = [x for x in lines if (step_id and f"StepId={step_id}" in x) or "srun: error" in x]
+    return mine[-12:]
 
 
 def step_failed(w: StepWatch, job: str, how: str, cause: Cause | None) -> str:
