@@ -145,3 +145,15 @@ def test_secrets_are_masked_in_the_plan_and_never_in_the_script(tmp_path: Path) 
     assert "HF_TOKEN='********'" in sp.files()["/shared/gd/t1/t1.echo.env"]
     assert "HF_TOKEN=hf_secret" in sp.files({"HF_TOKEN": "hf_secret"})["/shared/gd/t1/t1.echo.env"]
 
+
+
+def test_an_environment_change_changes_the_script(planned: SlurmPlan, tmp_path: Path) -> None:
+    """deploy compares the script with the running job's: an engine's new environment must show there
+    (as its env file's digest, secrets masked), and the inventory's path must not."""
+    text = (tmp_path / "hosts.yml").read_text()
+    (tmp_path / "moved.yml").write_text(text)
+    assert load_slurm_plan(str(tmp_path / "moved.yml"), memory=False).script == planned.script
+    (tmp_path / "moved.yml").write_text(text.replace("env: {HOSTILE:", "env: {OTHER: x, HOSTILE:"))
+    changed = load_slurm_plan(str(tmp_path / "moved.yml"), memory=False).script
+    assert changed != planned.script
+    assert "OTHER" not in changed

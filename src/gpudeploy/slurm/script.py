@@ -8,6 +8,7 @@ quoted the same way, and its secrets never appear in the script (the file is 060
 
 from __future__ import annotations
 
+import hashlib
 import shlex
 from dataclasses import dataclass
 
@@ -126,12 +127,14 @@ def batch_script(inv: SlurmInventory, deployment: str, steps: list[Step], render
                  problems: list[Problem]) -> str | None:
     used = sorted({s.slot for s in steps})
     return renderer.render(TEMPLATE, {
-        "deployment": deployment, "inventory": inv.inventory.path,
+        "deployment": deployment,
         "sbatch": sbatch_options(inv.target, deployment, len(inv.slots)),
         "nodes": [(node_variable(n), n) for n in used],
         "steps": [{"comment": f"{s.unit.role.name} on slot {s.slot} ({s.unit.host.name}), GPUs "
                               f"{','.join(map(str, s.unit.gpus)) or 'none'}",
                    "options": " ".join(s.options), "env_file": shlex.quote(s.env_file),
                    "cpus": shlex.quote(s.cpus),
+                   # so the script alone says when an engine's environment changed (deploy --check)
+                   "env_digest": hashlib.sha256(env_text(s.unit, None).encode()).hexdigest()[:16],
                    "command": " ".join(shell_word(a) for a in s.unit.argv)} for s in steps],
     }, problems, role=None)
