@@ -45,6 +45,7 @@ from gpudeploy import inventory, k8sinventory  # noqa: E402
 from gpudeploy.experiment import spec  # noqa: E402
 from gpudeploy.memory import modelfacts  # noqa: E402
 from gpudeploy.model import STALL_DEFAULTS_S  # noqa: E402
+from gpudeploy.slurm import target as slurm_target  # noqa: E402
 from gpudeploy.verify import causes  # noqa: E402
 
 BLOCK = re.compile(r"(<!-- gen:(?P<name>[\w:.-]+) -->\n)(?P<body>.*?)(<!-- /gen:(?P=name) -->)", re.S)
@@ -79,7 +80,11 @@ EXPERIMENT_SECTIONS: tuple[Section, ...] = (
     ("benchmark", "benchmark", "`benchmark`", frozenset(spec.BENCHMARK_KEYS), True),
     ("choose", "choose", "`choose`", frozenset(spec.CHOOSE_KEYS), True),
 )
-ALL_SECTIONS = INVENTORY_SECTIONS + ROLE_SECTIONS + EXPERIMENT_SECTIONS
+SLURM_SECTIONS: tuple[Section, ...] = (
+    ("slurm", "slurm", "`slurm` (a Slurm inventory)", frozenset(slurm_target.SLURM_KEYS), True),
+    ("slurm_login", "slurm-login", "`slurm.login`", frozenset(slurm_target.LOGIN_KEYS), True),
+)
+ALL_SECTIONS = INVENTORY_SECTIONS + ROLE_SECTIONS + EXPERIMENT_SECTIONS + SLURM_SECTIONS
 # a nested key's heading names its path (`health.timeout_s`, `roles[].port`): searchable and unambiguous
 PATHS = {"ssh": "ssh.", "numa-node": "numa_nodes[].", "placement": "roles[].", "model": "model.",
          "health": "health.", "smoke": "smoke."}
@@ -185,6 +190,9 @@ def keys_block(which: str) -> str:
             out += _section(sec, entries[sec[0]])
             if sec[0] == "health":
                 out += _stall_section()
+    elif which == "slurm":
+        for sec in SLURM_SECTIONS:
+            out += _section(sec, entries[sec[0]])
     elif which == "experiment":
         for sec in EXPERIMENT_SECTIONS:
             out += _section(sec, entries[sec[0]])
@@ -316,6 +324,7 @@ def generators() -> dict[str, Callable[[], str]]:
         "keys:inventory": lambda: keys_block("inventory"),
         "keys:role": lambda: keys_block("role"),
         "keys:experiment": lambda: keys_block("experiment"),
+        "keys:slurm": lambda: keys_block("slurm"),
         "causes": causes_block,
     }
     for name in task_options():

@@ -106,6 +106,13 @@ def load_inventory(path: str | Path, problems: list[Problem] | None = None) -> I
     data = load_yaml(path, problems)
     if len(problems) > before:
         raise InputError(problems)
+    return inventory_from_data(data, path, problems, collect=collect)
+
+
+def inventory_from_data(data: Any, path: Path, problems: list[Problem], *, collect: bool = True) -> Inventory:
+    """``load_inventory`` of YAML already read (with its lines): another target's reader
+    (slurm/inventory.py) checks its own keys, then hands the rest over as an ordinary inventory."""
+    before = len(problems)
     top = Checker(data, problems, str(path))
     top.unknown_keys(TOP_KEYS)
     deployment = top.get("deployment", str, default="default",
@@ -278,17 +285,7 @@ def _host(name: str, raw: Any, defaults: Checker, problems: list[Problem], file:
         # Host ssh settings override the defaults key by key.
         merged = {**defaults.data["ssh"], **c.data["ssh"]}
         ssh_c = Checker(merged, problems, file, host=name, prefix="ssh.")
-    # user and port left out: ~/.ssh/config decides, else ssh's own defaults (your login name, 22).
-    ssh = SshConfig(
-        user=ssh_c.get("user", str, default=None),
-        port=ssh_c.get("port", int, default=None, check=_port_check),
-        key=_expand(ssh_c.get("key", str), Path(file).parent),
-        known_hosts=_expand(ssh_c.get("known_hosts", str), Path(file).parent),
-        connect_timeout_s=ssh_c.get("connect_timeout_s", float, default=5.0, check=seconds_problem),
-    )
-    jump = ssh_c.get("proxy_jump", str, check=_jump_check)
-    if jump is not None:
-        ssh = replace(ssh, proxy_jump=_hop(jump, ssh))
+    ssh = ssh_config(ssh_c, file)
 
     numa_policy = _numa_policy(pick("numa_policy", str, "bind"), c)
     numa_raw = c.get("numa_nodes", list, required=True, default=[])
@@ -401,6 +398,22 @@ def _check_cpus(nc: Checker, cpus: str, nid: int, seen: dict[int, int] | None) -
                 "that binds no memory, numa_policy: none, may share them)", "cpus")
     for c in mine:
         seen.setdefault(c, nid)
+
+
+def ssh_config(ssh_c: Checker, file: str) -> SshConfig:
+    """An ``ssh:`` mapping (a host's, or a Slurm login node's: the same transport and host-key rule)."""
+    # user and port left out: ~/.ssh/config decides, else ssh's own defaults (your login name, 22).
+    ssh = SshConfig(
+        user=ssh_c.get("user", str, default=None),
+        port=ssh_c.get("port", int, default=None, check=_port_check),
+        key=_expand(ssh_c.get("key", str), Path(file).parent),
+        known_hosts=_expand(ssh_c.get("known_hosts", str), Path(file).parent),
+        connect_timeout_s=ssh_c.get("connect_timeout_s", float, default=5.0, check=seconds_problem),
+    )
+    jump = ssh_c.get("proxy_jump", str, check=_jump_check)
+    if jump is not None:
+        ssh = replace(ssh, proxy_jump=_hop(jump, ssh))
+    return ssh
 
 
 def _gpu_memory(c: Checker, defaults: Checker, gpus: dict[int, int]) -> dict[int, float]:

@@ -83,7 +83,8 @@ def test_every_key_entry_says_its_type_default_example_and_meaning() -> None:
 
 
 def test_the_reference_pages_have_an_entry_for_every_key() -> None:
-    pages = {"reference.md": gen.INVENTORY_SECTIONS + gen.ROLE_SECTIONS, "experiments.md": gen.EXPERIMENT_SECTIONS}
+    pages = {"reference.md": gen.INVENTORY_SECTIONS + gen.ROLE_SECTIONS, "experiments.md": gen.EXPERIMENT_SECTIONS,
+             "slurm.md": gen.SLURM_SECTIONS}
     for page, sections in pages.items():
         text = (DOCS / page).read_text()
         for _, anchor, _, keys, compact in sections:

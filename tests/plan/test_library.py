@@ -74,7 +74,8 @@ def test_an_unknown_role_lists_the_packaged_and_the_inventorys_roles(tmp_path: P
 
 def test_the_packaged_roles_and_templates_are_the_ones_the_package_names() -> None:
     assert sorted(p.stem for p in PACKAGED_ROLES.glob("*.yml")) == ["command", "decode", "prefill", "router", "vllm"]
-    assert sorted(p.name for p in PACKAGED_TEMPLATES.glob("*.j2")) == ["engine.env.j2", "engine.service.j2"]
+    assert sorted(p.name for p in PACKAGED_TEMPLATES.glob("*.j2")) == ["engine.env.j2", "engine.service.j2",
+                                                                         "slurm.batch.j2"]
 
 
 def test_the_packaged_vllm_role_placed_three_times_is_three_servers(tmp_path: Path) -> None:

@@ -116,6 +116,12 @@ def plan(c: Context, inventory: str | None = None, host: str | None = None, role
     Exit status: 0 deploy would go ahead, 1 the input has problems, 2 deploy would refuse a unit.
     """
     inventory = inventory_path(inventory)
+    from ..slurm.inventory import is_slurm
+
+    if is_slurm(inventory):  # a Slurm target: one batch job (slurm/)
+        from ..slurm.cli import plan as slurm_plan
+
+        return slurm_plan(inventory, json_=json_, suggest=suggest, files=files)
     from ..plan import load_plan
     from ..report import plan_json, plan_recap, plan_text
 
@@ -160,6 +166,12 @@ def deploy(c: Context, host: str | None = None, inventory: str | None = None, ro
     --host H without --role deploys the deployments that have units on H, on all their hosts.
     """
     inventory = inventory_path(inventory)
+    from ..slurm.inventory import is_slurm
+
+    if is_slurm(inventory):  # a Slurm target: one batch job (slurm/)
+        from ..slurm.cli import deploy as slurm_deploy
+
+        return slurm_deploy(inventory, check=check, timeout_s=timeout, keep_on_failure=keep_on_failure)
     from ..apply.rollout import parse_serial
 
     timeout_s = timeout  # (numbers are checked as the command line is read: cli/options.py)
@@ -235,6 +247,12 @@ def status(c: Context, inventory: str | None = None, host: str | None = None, ro
            watch: bool = False) -> None:
     """Every gpudeploy unit by deployment: state, PID, uptime, ports, /health, the router's view of it."""
     inventory = inventory_path(inventory)
+    from ..slurm.inventory import is_slurm
+
+    if is_slurm(inventory):  # a Slurm target: the recorded job (slurm/)
+        from ..slurm.cli import status as slurm_status
+
+        return slurm_status(inventory, json_=json_)
     set_forks(forks)
     if watch and json_:
         raise Exit("gpudeploy: --watch is a live view and --json one document: use one of them", code=1)
@@ -299,6 +317,12 @@ def teardown(c: Context, inventory: str | None = None, host: str | None = None, 
              deployment: str | None = None, purge: bool = False, forks: int | None = None) -> None:
     """Stop units (routers, then decode, then prefill) and prove nothing of them is left, GPUs free."""
     inventory = inventory_path(inventory)
+    from ..slurm.inventory import is_slurm
+
+    if is_slurm(inventory):  # a Slurm target: scancel of the recorded job only (slurm/)
+        from ..slurm.cli import teardown as slurm_teardown
+
+        return slurm_teardown(inventory)
     from ..apply.teardown import teardown as run_teardown
     from ..errors import GpudeployError as Err
 

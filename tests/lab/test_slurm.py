@@ -1,0 +1,191 @@
+"""gpudeploy on the lab's real Slurm cluster (slurm_lab): a PD pair and the real router deployed as
+one job answer a generation through the router; status shows the job, its steps and their health; a
+step killed on its node is named with its cause; a job that cannot get its GPUs says Slurm's reason;
+teardown of one deployment leaves no job, step or server of it and never touches another's job; a
+bad inventory gets file:line errors and submits nothing.
+
+One deployment (lab/inventory/lab-slurm.yml) is shared by the file; a second one (the same roles,
+deployment slurmb) takes the other node. Every wait is a condition polled against a deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
+
+import pytest
+
+if TYPE_CHECKING:
+    from conftest import SlurmLab
+
+pytestmark = pytest.mark.lab
+
+REPO = Path(__file__).resolve().parents[2]
+INVENTORY = REPO / "lab" / "inventory" / "lab-slurm.yml"
+T = TypeVar("T")
+
+
+def poll(what: str, probe: Callable[[], T | None], timeout: float, interval: float = 0.05) -> T:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value is not None:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout:.0f} s")
+        time.sleep(interval)  # the poll's pause; the deadline bounds the wait
+
+
+def gpudeploy(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    return subprocess.run([sys.executable, "-m", "gpudeploy.cli", *args], capture_output=True, text=True,
+                          env=env, timeout=timeout, check=False, cwd=REPO)
+
+
+def other(tmp: Path, deployment: str) -> Path:
+    """lab-slurm.yml as another deployment (its own job), in ``tmp``."""
+    text = INVENTORY.read_text().replace("deployment: slurmpd", f"deployment: {deployment}")
+    text = text.replace("roles_dir: ../roles", f"roles_dir: {REPO / 'lab' / 'roles'}")
+    path = tmp / f"{deployment}.yml"
+    path.write_text(text)
+    return path
+
+
+def record(slurm: SlurmLab, deployment: str) -> dict[str, object]:
+    data: dict[str, object] = json.loads((slurm.shared / "gpudeploy" / deployment / "run.json").read_text())
+    return data
+
+
+def job_state(slurm: SlurmLab, job: object) -> str:
+    return slurm.ssh(f"squeue -h -j {job} -o %T").stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def deployed(slurm_lab: SlurmLab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object]]:
+    """slurmpd deployed (and checked by deploy's own gate and smoke generation); torn down at the end."""
+    started = time.monotonic()
+    got = gpudeploy("deploy", "-i", str(INVENTORY))
+    took = time.monotonic() - started
+    print(f"deploy of slurmpd: {took:.2f} s\n{got.stdout}{got.stderr}", file=sys.stderr)
+    assert got.returncode == 0, got.stdout + got.stderr
+    yield {"output": got.stdout, "took": took, "tmp": tmp_path_factory.mktemp("slurm")}
+    gpudeploy("teardown", "-i", str(INVENTORY))
+
+
+def test_bad_inventory_gets_file_line_errors_and_submits_nothing(slurm_lab: SlurmLab, tmp_path: Path) -> None:
+    bad = INVENTORY.read_text().replace("roles_dir: ../roles", f"roles_dir: {REPO / 'lab' / 'roles'}")
+    bad = bad.replace("  node0:\n", "  node0:\n    address: 10.232.0.11\n").replace('"00:20:00"', '"20:99"')
+    (tmp_path / "hosts.yml").write_text(bad)
+    before = slurm_lab.ssh("squeue -h -o %i").stdout.split()
+    got = gpudeploy("deploy", "-i", str(tmp_path / "hosts.yml"))
+    assert got.returncode == 1
+    out = got.stdout + got.stderr
+    assert "hosts.yml:15: key slurm.time: time limit '20:99'" in out, out
+    assert "hosts.yml:29: host node0, key address: address on a node slot" in out, out
+    assert "Traceback" not in out
+    assert slurm_lab.ssh("squeue -h -o %i").stdout.split() == before
+    assert not (slurm_lab.shared / "gpudeploy" / "slurmpd" / "run.json").exists() or \
+        record(slurm_lab, "slurmpd")["job"] in before
+
+
+def test_the_pd_pair_answers_through_the_router(deployed: dict[str, object], slurm_lab: SlurmLab) -> None:
+    out = str(deployed["output"])
+    assert "lab-router: smoke generation /generate answered" in out
+    assert "OK: ready" in out
+    rec = record(slurm_lab, "slurmpd")
+    assert sorted(rec["steps"]) == ["gpudeploy-slurmpd.decode", "gpudeploy-slurmpd.lab-router",  # type: ignore[call-overload]
+                                    "gpudeploy-slurmpd.prefill"]
+
+
+def test_status_shows_job_steps_and_health(deployed: dict[str, object], slurm_lab: SlurmLab) -> None:
+    got = gpudeploy("status", "-i", str(INVENTORY))
+    assert got.returncode == 0, got.stdout + got.stderr
+    lines = got.stdout.splitlines()
+    job = record(slurm_lab, "slurmpd")["job"]
+    assert lines[0].startswith(f"job {job} RUNNING on slurmn")
+    rows = {line.split()[3]: line.split() for line in lines[2:5]}
+    for name in ("gpudeploy-slurmpd.prefill", "gpudeploy-slurmpd.decode", "gpudeploy-slurmpd.lab-router"):
+        assert rows[name][5:7] == ["RUNNING", "ok"], got.stdout
+        assert rows[name][2].startswith(f"{job}.")
+    assert rows["gpudeploy-slurmpd.lab-router"][7:] == ["2/2", "workers", "healthy"]
+
+
+def test_a_job_that_cannot_get_its_gpus_says_why_and_a_second_deployment_survives(
+        deployed: dict[str, object], slurm_lab: SlurmLab) -> None:
+    tmp = Path(str(deployed["tmp"]))
+    second = other(tmp, "slurmb")
+    got = gpudeploy("deploy", "-i", str(second))
+    assert got.returncode == 0, got.stdout + got.stderr
+    job_b = record(slurm_lab, "slurmb")["job"]
+    try:
+        # both nodes are taken: a third deployment's job pends for its GPUs, and says so
+        third = other(tmp, "slurmc")
+        got = gpudeploy("deploy", "-i", str(third), "--timeout", "3")
+        out = got.stdout + got.stderr
+        assert got.returncode == 1
+        job_c = record(slurm_lab, "slurmc")["job"]
+        assert f"job {job_c} pending: Resources" in out, out
+        assert "still pending: Resources" in out and f"cancelled job {job_c}" in out, out
+        assert job_state(slurm_lab, job_c) in ("", "CANCELLED")
+        assert job_state(slurm_lab, job_b) == "RUNNING"
+    finally:
+        down = gpudeploy("teardown", "-i", str(second))
+    assert down.returncode == 0, down.stdout
+    assert job_state(slurm_lab, job_b) == ""
+    # the first deployment's job was never touched
+    assert job_state(slurm_lab, record(slurm_lab, "slurmpd")["job"]) == "RUNNING"
+
+
+def test_a_killed_step_is_named_with_its_cause(deployed: dict[str, object], slurm_lab: SlurmLab) -> None:
+    """kill -9 of a step's process (its PID from scontrol listpids on its node): Slurm's accounting
+    says so (sacct CANCELLED 0:9) and status names the step, its state and the cause from its output."""
+    from gpudeploy.remote import connect
+    from gpudeploy.slurm.job import step_ids
+    from gpudeploy.slurm.plan import load_slurm_plan
+    from gpudeploy.slurm.status import status_text
+
+    rec = record(slurm_lab, "slurmpd")
+    step = rec["steps"]["gpudeploy-slurmpd.decode"]  # type: ignore[index]
+    node = rec["nodes"][0]  # type: ignore[index]
+    listed = slurm_lab.ssh(f"scontrol listpids {step}", host=node, check=True).stdout.splitlines()[1:]
+    pids = [line.split()[0] for line in listed if line.split() and line.split()[0].isdigit()]
+    assert pids, listed
+    sp = load_slurm_plan(str(INVENTORY), memory=False)
+    with connect(sp.inv.target.login) as login:
+        step_ids(login, str(rec["job"]))  # the connection is up before the clock starts
+        killed_at = time.monotonic()
+        slurm_lab.ssh(f"kill -9 {' '.join(pids)}", host=node, check=True)
+
+        def ended() -> str | None:
+            row = step_ids(login, str(rec["job"]))[1].get("gpudeploy-slurmpd.decode")
+            return row.state if row is not None and row.state != "RUNNING" else None
+        state = poll("sacct calling the killed step ended", ended, 30, interval=0.02)
+        seen = time.monotonic() - killed_at
+        text, ok = status_text(sp, login)
+        took = time.monotonic() - killed_at
+    # the clock includes the ssh that runs kill (a new connection to the node)
+    print(f"kill -9 -> sacct {state}: {seen:.2f} s; -> status naming it with its cause: {took:.2f} s",
+          file=sys.stderr)
+    assert not ok
+    assert f"step {step} gpudeploy-slurmpd.decode: CANCELLED: killed by signal 9" in text, text
+    assert "cause: the server exited (CANCELLED: killed by signal 9)" in text, text
+
+
+def test_teardown_leaves_no_job_step_or_server(deployed: dict[str, object], slurm_lab: SlurmLab) -> None:
+    rec = record(slurm_lab, "slurmpd")
+    job, node = rec["job"], rec["nodes"][0]  # type: ignore[index]
+    got = gpudeploy("teardown", "-i", str(INVENTORY))
+    assert got.returncode == 0, got.stdout + got.stderr
+    assert f"job {job}: every step ended" in got.stdout
+    assert job_state(slurm_lab, job) == ""
+    acct = slurm_lab.ssh(f"sacct -n -P -j {job} --format=JobID,State").stdout.splitlines()
+    assert acct and all(line.split("|")[1].split()[0] in ("CANCELLED", "COMPLETED", "FAILED") for line in acct), acct
+    assert slurm_lab.ssh(f"scontrol listpids {job}", host=node).stdout.splitlines()[1:] == []
+    for port in (30000, 30010, 8000):
+        assert slurm_lab.ssh(f"curl -s -o /dev/null -m 1 http://{node}:{port}/health").returncode != 0

@@ -1,0 +1,239 @@
+"""deploy, status and teardown of a Slurm deployment against a fake login node that answers with
+the outputs Slurm 22.05 printed in the lab (shared/reference/slurm-lab.md): what is submitted,
+what is said while the job pends, how steps are found (by name: their numbers follow no script
+order), how a dead step is named, and that teardown cancels the recorded job id and nothing else."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpudeploy.remote.base import Result
+from gpudeploy.slurm import job as jobmod
+from gpudeploy.slurm.job import Clock, Options, deploy
+from gpudeploy.slurm.plan import SlurmPlan, load_slurm_plan
+from gpudeploy.slurm.status import status_text, teardown
+
+INVENTORY = """\
+deployment: t1
+roles_dir: roles
+slurm:
+  login: {address: 10.232.0.10}
+  partition: gpu
+  time: "00:30:00"
+  gpus_per_node: 8
+  nodes: 1
+  output_dir: /shared/gd
+defaults:
+  gpu_memory_gib: 96
+hosts:
+  node0:
+    numa_nodes: [{id: 0, gpus: [0, 1, 2, 3], cpus: "0"}]
+    roles: [a, b]
+"""
+ROLE = """\
+engine: command
+gpus: 1
+ports: {http: %d}
+argv: ["/bin/server"]
+health: {timeout_s: 5}
+"""
+
+
+@pytest.fixture
+def planned(tmp_path: Path) -> SlurmPlan:
+    (tmp_path / "roles").mkdir()
+    (tmp_path / "hosts.yml").write_text(INVENTORY)
+    (tmp_path / "roles" / "a.yml").write_text(ROLE % 9000)
+    (tmp_path / "roles" / "b.yml").write_text(ROLE % 9001)
+    return load_slurm_plan(str(tmp_path / "hosts.yml"), memory=False)
+
+
+class FakeLogin:
+    """A login node: each command's answer comes from ``answer(argv)``; files put are kept."""
+
+    def __init__(self, answer: Callable[[list[str]], tuple[int, str]]) -> None:
+        self.answer = answer
+        self.files: dict[str, bytes] = {}
+        self.ran: list[list[str]] = []
+
+    def run(self, argv: list[str], *, stdin: bytes | None = None, timeout: float = 60.0,
+            check: bool = True) -> Result:
+        self.ran.append(argv)
+        if argv[0] == "cat" and argv[1] in self.files:
+            return Result(0, self.files[argv[1]].decode(), "")
+        if argv[0] == "rm":
+            self.files.pop(argv[-1], None)
+            return Result(0, "", "")
+        rc, out = self.answer(argv)
+        return Result(rc, out, "")
+
+    def put(self, path: str, data: bytes, mode: int) -> None:
+        self.files[path] = data
+
+
+class Ticks(Clock):
+    """Each sleep moves time on: the loops run to their deadlines without waiting."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+        super().__init__(now=lambda: self.t, sleep=self._sleep)
+
+    def _sleep(self, s: float) -> None:
+        self.t += s
+
+
+def test_a_pending_job_says_slurms_reason_and_is_cancelled_by_id_at_the_timeout(planned: SlurmPlan) -> None:
+    def answer(argv: list[str]) -> tuple[int, str]:
+        if argv[0] == "sbatch":
+            return 0, "41\n"
+        if argv[:2] == ["squeue", "-h"] and "-s" not in argv:
+            return 0, "PENDING|QOSMaxGRESPerUser|2026-12-08T01:00:00|\n"
+        return 0, ""
+    login = FakeLogin(answer)
+    said: list[str] = []
+    out = deploy(planned, login, Options(timeout_s=3), said.append, clock=Ticks())  # type: ignore[arg-type]
+    assert not out.ok
+    assert "job 41 pending: QOSMaxGRESPerUser (estimated start 2026-12-08T01:00:00)" in said
+    assert said.count("job 41 pending: QOSMaxGRESPerUser (estimated start 2026-12-08T01:00:00)") == 1
+    assert "still pending: QOSMaxGRESPerUser" in out.message and "cancelled job 41" in out.message
+    assert ["scancel", "41"] in login.ran
+    assert [a for a in login.ran if a[0] == "scancel"] == [["scancel", "41"]]
+    # the job id was recorded at submission, before any wait
+    assert b'"job": "41"' in login.files["/shared/gd/t1/run.json"]
+
+
+def test_a_killed_step_is_named_with_its_id_state_and_output(planned: SlurmPlan,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(jobmod, "status_of", lambda *a, **k: None)
+    polls = {"n": 0}
+
+    def answer(argv: list[str]) -> tuple[int, str]:
+        if argv[0] == "sbatch":
+            return 0, "7;lab\n"
+        if argv[:3] == ["scontrol", "show", "hostnames"]:
+            return 0, "slurmn1\n"
+        if argv[0] == "squeue" and "-s" in argv:
+            polls["n"] += 1
+            # step numbers follow the order sruns reached slurmctld: b is 7.0 here
+            rows = "7.0|gpudeploy-t1.b|slurmn1\n7.batch|batch|slurmn1\n"
+            return 0, rows + ("7.1|gpudeploy-t1.a|slurmn1\n" if polls["n"] < 3 else "")
+        if argv[0] == "squeue":
+            return 0, "RUNNING|None|2026-12-07T19:00:00|slurmn1\n"
+        if argv[0] == "sacct":
+            return 0, ("7|gpudeploy-t1|RUNNING|0:0|slurmn1\n7.0|gpudeploy-t1.b|RUNNING|0:0|slurmn1\n"
+                       + ("7.1|gpudeploy-t1.a|CANCELLED|0:9|slurmn1\n" if polls["n"] >= 3 else ""))
+        if argv[0] == "tail" and argv[-1] == "/shared/gd/7.t1.a.out":
+            return 0, "starting\n"
+        return 1, ""
+    login = FakeLogin(answer)
+    said: list[str] = []
+    out = deploy(planned, login, Options(), said.append, clock=Ticks())  # type: ignore[arg-type]
+    assert not out.ok
+    assert out.message.startswith("step 7.1 gpudeploy-t1.a of job 7 on slurmn1: CANCELLED: killed by signal 9; "
+                                  "its output: /shared/gd/7.t1.a.out")
+    assert "cause: the server exited (CANCELLED: killed by signal 9)" in out.message
+    assert polls["n"] == 3  # named at the first poll that saw it gone
+    assert ["scancel", "7"] in login.ran
+
+
+def test_teardown_cancels_the_recorded_job_only_and_proves_it_ended(planned: SlurmPlan) -> None:
+    cancelled: set[str] = set()
+
+    def answer(argv: list[str]) -> tuple[int, str]:
+        if argv[0] == "scancel":
+            cancelled.add(argv[1])
+            return 0, ""
+        if argv[0] == "squeue":
+            return 0, "" if "7" in cancelled else "RUNNING|None|x|slurmn1\n"
+        if argv[0] == "sacct":
+            return 0, "7|gpudeploy-t1|CANCELLED by 0|0:15|slurmn1\n7.0|gpudeploy-t1.b|CANCELLED|0:15|slurmn1\n"
+        return 1, ""
+    login = FakeLogin(answer)
+    login.files["/shared/gd/t1/run.json"] = b'{"job": "7", "deployment": "t1", "submitted_at": 1, "steps": {}}'
+    got = teardown(planned, login, clock=Ticks(), say=lambda s: None)  # type: ignore[arg-type]
+    assert got.clean, got.words
+    assert [a for a in login.ran if a[0] == "scancel"] == [["scancel", "7"]]
+    assert "/shared/gd/t1/run.json" not in login.files
+
+
+def test_teardown_says_what_is_left_when_the_job_will_not_end(planned: SlurmPlan) -> None:
+    def answer(argv: list[str]) -> tuple[int, str]:
+        if argv[0] == "squeue":
+            return 0, "COMPLETING|None|x|slurmn1\n"
+        return 0, ""
+    login = FakeLogin(answer)
+    login.files["/shared/gd/t1/run.json"] = b'{"job": "8", "deployment": "t1", "submitted_at": 1}'
+    got = teardown(planned, login, clock=Ticks(), say=lambda s: None)  # type: ignore[arg-type]
+    assert not got.clean and "squeue lists it COMPLETING" in got.words
+    assert "/shared/gd/t1/run.json" in login.files  # kept: the job is still there
+
+
+def test_a_changed_deployment_is_refused_with_no_room(planned: SlurmPlan) -> None:
+    def answer(argv: list[str]) -> tuple[int, str]:
+        if argv[:2] == ["scontrol", "write"]:
+            return 0, planned.script.replace("/bin/server", "/bin/older")
+        if argv[0] == "squeue":
+            return 0, "RUNNING|None|x|slurmn1\n"
+        return 0, ""
+    login = FakeLogin(answer)
+    login.files["/shared/gd/t1/run.json"] = b'{"job": "9", "deployment": "t1", "submitted_at": 1}'
+    out = deploy(planned, login, Options(), lambda s: None)  # type: ignore[arg-type]
+    assert not out.ok and out.message.startswith("no room: deployment t1 runs as job 9")
+    assert "teardown" in out.message and "-  /bin/bash" not in out.message
+    assert not [a for a in login.ran if a[0] in ("sbatch", "scancel")]
+
+
+def test_status_shows_job_steps_and_health(planned: SlurmPlan, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("gpudeploy.slurm.status.status_of", lambda url, *a, **k: 200 if ":9000" in url else None)
+
+    def answer(argv: list[str]) -> tuple[int, str]:
+        if argv[0] == "squeue" and "-s" in argv:
+            return 0, "5.1|gpudeploy-t1.a|slurmn1\n"
+        if argv[0] == "squeue":
+            return 0, "RUNNING|None|x|slurmn1\n"
+        if argv[0] == "sacct":
+            return 0, "5.0|gpudeploy-t1.b|FAILED|1:0|slurmn1\n"
+        return 0, ""
+    login: Any = FakeLogin(answer)
+    login.files["/shared/gd/t1/run.json"] = (b'{"job": "5", "deployment": "t1", "submitted_at": 1, '
+                                             b'"nodes": ["slurmn1"]}')
+    text, ok = status_text(planned, login)
+    assert not ok
+    lines = text.splitlines()
+    assert lines[0] == "job 5 RUNNING on slurmn1"
+    assert lines[1].split() == ["DEPLOYMENT", "JOB", "STEP", "NAME", "NODE", "STATE", "HEALTH", "ROUTER"]
+    assert lines[2].split() == ["t1", "5", "5.1", "gpudeploy-t1.a", "slurmn1", "RUNNING", "ok", "-"]
+    assert lines[3].split() == ["t1", "5", "5.0", "gpudeploy-t1.b", "slurmn1", "FAILED:", "exit", "code", "1", "-", "-"]
+    assert "step 5.0 gpudeploy-t1.b: FAILED: exit code 1; its output: /shared/gd/5.t1.b.out" in text
+    assert "cause: the server exited (FAILED: exit code 1)" in text
+
+
+def test_a_step_whose_output_stops_moving_is_named_stalled(planned: SlurmPlan, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    stalls = "health: {timeout_s: 30, stall_s: 2, on_stall: stop}"
+    (tmp_path / "roles" / "a.yml").write_text((ROLE % 9000).replace("health: {timeout_s: 5}", stalls))
+    sp = load_slurm_plan(str(tmp_path / "hosts.yml"), memory=False)
+    monkeypatch.setattr(jobmod, "status_of", lambda *a, **k: None)
+
+    def answer(argv: list[str]) -> tuple[int, str]:
+        if argv[0] == "sbatch":
+            return 0, "3\n"
+        if argv[:3] == ["scontrol", "show", "hostnames"]:
+            return 0, "slurmn1\n"
+        if argv[0] == "squeue" and "-s" in argv:
+            return 0, "3.0|gpudeploy-t1.a|slurmn1\n3.1|gpudeploy-t1.b|slurmn1\n"
+        if argv[0] == "squeue":
+            return 0, "RUNNING|None|x|slurmn1\n"
+        if argv[0] == "tail" and argv[2] == "+1" and argv[-1].endswith(".a.out"):
+            return 0, "Load weight begin\n"  # then nothing more
+        return 1, ""
+    said: list[str] = []
+    out = deploy(sp, FakeLogin(answer), Options(), said.append, clock=Ticks())  # type: ignore[arg-type]
+    assert not out.ok
+    assert "step 3.0 gpudeploy-t1.a of job 3 on slurmn1: stalled" in out.message
+    assert "cause: stalled in loading weights for 2 s" in out.message
+    assert any(s.startswith("step 3.0 gpudeploy-t1.a: STALLED: stalled in loading weights") for s in said)
