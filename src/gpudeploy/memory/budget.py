@@ -305,7 +305,15 @@ def _inputs(model: ModelFacts, s: EngineSettings, rel: Release, cal: Cal, gpu: G
                          "the model's config.json (a readable model.path) or a measured run"))
     else:
         out.append(Input("model shape", True, model.source or "the role's model.facts"))
-    others = [a for a in model.assumed if a != "shape"]
+    # the checkpoint's size moves the static memory (the KV tokens), not the headroom: no band
+    if "weights" in model.assumed:
+        out.append(Input("checkpoint size", False, "assumed from the parameter count and dtype (moves the KV tokens)",
+                         0.0, "the model directory's safetensors index or its files' headers"))
+    elif cal.weights_gib is not None:
+        out.append(Input("checkpoint size", True, "a previous run's log (Load weight end)"))
+    else:
+        out.append(Input("checkpoint size", True, model.weights_source or "given in the role's model.facts"))
+    others = [a for a in model.assumed if a not in ("shape", "weights")]
     if others:
         # a guessed checkpoint size moves the static memory (the KV tokens), not the headroom
         out.append(Input(", ".join(others), False, "guessed in the role's model.facts (moves the KV tokens)", 0.0,
