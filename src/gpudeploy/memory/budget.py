@@ -207,6 +207,8 @@ class Cal:
     extra_headroom: tuple[tuple[str, float], ...] = ()
     lesson: str = ""
     learned_gib: float = 0.0              # how much a floor raised the estimate (it replaces guesses)
+    # the installed release's own defaults for these settings, asked of it (:mod:`.asked`): where from
+    defaults_source: str = ""
 
     def scale(self, family: str) -> float:
         return dict(self.graph_scales).get(family, 1.0)
@@ -318,6 +320,13 @@ def _inputs(model: ModelFacts, s: EngineSettings, rel: Release, cal: Cal, gpu: G
         # a guessed checkpoint size moves the static memory (the KV tokens), not the headroom
         out.append(Input(", ".join(others), False, "guessed in the role's model.facts (moves the KV tokens)", 0.0,
                          "the model directory's safetensors index"))
+    if cal.defaults_source:
+        out.append(Input("release defaults", True, cal.defaults_source))
+    elif not rel.checked:
+        # the defaults (fraction, chunk, graph cap, running requests) are the captured rules' reading;
+        # their share of the band is the release rules' drift below
+        out.append(Input("release defaults", False, f"{rel.checked_as}'s rules for {rel.name}: not asked of the "
+                         "installed release", 0.0, "a deploy to a host that has it (its ServerArgs are asked)"))
     if rel.checked:
         out.append(Input("release rules", True, f"SGLang {rel.name}, read from its wheel"))
     else:

@@ -1,0 +1,76 @@
+"""Ask the installed SGLang release for its own memory defaults, once per release, GPU and launch.
+
+The memory preflight's defaults (``mem_fraction_static``, ``chunked_prefill_size``, the decode
+``cuda_graph_max_bs``, ``max_running_requests``) are its reading of each captured release's rules;
+the release on the host knows its own. Before deploy goes ahead, each SGLang unit that has no answer
+kept here yet (``defaultscache``) has its host's probe resolve the release's ServerArgs with the
+unit's own arguments and the GPU memory the inventory gives (:func:`remote_probe.release_defaults`),
+and the answer is kept. A host that cannot answer (no SGLang in that python, an import error, a
+release other than the inventory's) costs only the answer: the plan keeps the captured rules and
+says so; deploy is never refused for it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import defaultscache
+from ..facts.probe import probe
+from ..fanout import for_each_host, say
+from ..model import Host, Plan, Unit
+from ..plan.memcheck import gpu_mib
+from ..remote import connect
+
+
+def wanted(units: tuple[Unit, ...] | list[Unit]) -> list[Unit]:
+    """The SGLang units whose release has not been asked for these arguments on this GPU."""
+    out = []
+    for u in units:
+        if u.role.engine != "sglang" or not u.engine_version or not u.gpus or not u.argv:
+            continue
+        if any(g not in u.host.gpu_memory_gib for g in u.gpus):
+            continue
+        if defaultscache.lookup("sglang", u.engine_version, gpu_mib(u.host, u.gpus),
+                                defaultscache.launch_args(u.argv)) is None:
+            out.append(u)
+    return out
+
+
+def ask(plan: Plan) -> list[str]:
+    """Ask each unit's release that has no answer kept; return what was learned (one line each), and
+    say what could not be asked. Never raises for a host's answer."""
+    todo = wanted(plan.units)
+    hosts = {u.host.name: u.host for u in todo}
+
+    def one(host: Host) -> list[str]:
+        mine = [(u, gpu_mib(u.host, u.gpus), defaultscache.launch_args(u.argv)) for u in todo
+                if u.host.name == host.name]
+        asks = [{"python": u.argv[0], "gpu_mib": mib, "args": args, "gpus": ",".join(str(g) for g in u.gpus)}
+                for u, mib, args in mine]
+        with connect(host) as remote:
+            facts = probe(remote, {"defaults": asks}, timeout=240)
+        answers: list[Any] = list(facts.get("defaults") or [])[:len(mine)]
+        learned = []
+        for (u, mib, args), answer in zip(mine, answers + [{}] * (len(mine) - len(answers)), strict=True):
+            if not isinstance(answer, dict) or "error" in answer or not answer:
+                why = answer.get("error") if isinstance(answer, dict) else answer
+                say(f"[{host.name}] could not ask sglang {u.engine_version} for its memory defaults ({u.role.name}): "
+                    f"{str(why)[-200:]}; the plan keeps {u.engine_version}'s captured rules")
+                continue
+            try:
+                got = defaultscache.save("sglang", str(u.engine_version), mib, args, answer, host.name)
+            except ValueError as exc:
+                say(f"[{host.name}] sglang {u.engine_version}'s memory defaults for {u.role.name} not kept: {exc}")
+                continue
+            shown = ", ".join(f"{k} {v}" for k, v in got.values)
+            say(f"[{host.name}] asked sglang {u.engine_version} for its memory defaults ({u.role.name}): {shown}")
+            learned.append(f"{host.name}/{u.role.name}")
+        return learned
+
+    out: list[str] = []
+    for name, res in for_each_host(list(hosts.values()), one).items():
+        if isinstance(res, Exception):
+            say(f"[{name}] could not ask its sglang release for its memory defaults: {res}")
+            continue
+        out += res
+    return out

@@ -1,0 +1,110 @@
+"""The memory defaults installed SGLang releases gave, asked of them on a host, kept on this machine.
+
+    $GPUDEPLOY_DEFAULTS_CACHE (default ~/.cache/gpudeploy/defaults)/
+        <program>/<release>.<key>.json   {"program", "release", "gpu_mib", "args", "defaults", "host", "when"}
+
+``key`` is the digest of the GPU memory (MiB, as the release reads it from nvidia-smi) and the launch
+arguments the release resolved (less the ones that only say where it listens): the defaults are a
+function of the release, the GPU's memory and the arguments (the chunk and graph cap by GPU memory
+and TP, the fraction from those, speculative decoding, DP attention, the model's own config). Like
+``flagcache``, an answer is kept only under the release the host's engine reported, and says which
+host gave it and when, so ``plan`` offline can say where its defaults came from
+(:mod:`gpudeploy.memory.asked`); without an entry it uses the captured rules and says that instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from .memory.asked import AskedDefaults, checked_values
+from .versions import same_release
+
+ROOT = Path(os.environ.get("GPUDEPLOY_DEFAULTS_CACHE", Path.home() / ".cache" / "gpudeploy" / "defaults"))
+# where the server listens and how it meets its peers: no default depends on them
+WHERE_FLAGS = frozenset({"--host", "--port", "--nccl-port", "--dist-init-addr", "--node-rank",
+                         "--disaggregation-bootstrap-port"})
+
+
+def launch_args(argv: Sequence[str]) -> list[str]:
+    """The arguments after ``python -m sglang.launch_server`` (or ``sglang serve``), less WHERE_FLAGS
+    and their values."""
+    args = list(argv)
+    for i, a in enumerate(args):
+        if a == "-m" and i + 1 < len(args):
+            args = args[i + 2:]
+            break
+        if a == "serve" and i > 0:
+            args = args[i + 1:]
+            break
+    out: list[str] = []
+    skip = False
+    for a in args:
+        if skip:
+            skip = False
+            continue
+        flag = a.split("=", 1)[0]
+        if flag in WHERE_FLAGS:
+            skip = "=" not in a
+            continue
+        out.append(a)
+    return out
+
+
+def key_of(gpu_mib: float, args: Sequence[str]) -> str:
+    return hashlib.sha256(json.dumps([round(float(gpu_mib), 1), list(args)]).encode()).hexdigest()[:20]
+
+
+def _safe(release: str) -> str:
+    ok = all(c.isalnum() or c in ".+_-" for c in release) and release[:1].isalnum() and len(release) <= 64
+    return release if ok else "r" + hashlib.sha256(release.encode()).hexdigest()[:16]
+
+
+def _path(program: str, release: str, gpu_mib: float, args: Sequence[str]) -> Path:
+    return ROOT / program / f"{_safe(release)}.{key_of(gpu_mib, args)}.json"
+
+
+def save(program: str, release: str, gpu_mib: float, args: Sequence[str], answer: Mapping[str, Any],
+         host: str) -> AskedDefaults:
+    """Keep ``answer`` (the probe's, :func:`gpudeploy.facts.remote_probe.release_defaults`) for
+    ``release`` on a GPU of ``gpu_mib``; ValueError when it is another release's or not numbers."""
+    told = answer.get("release")
+    if not isinstance(told, str) or not same_release(told, release):
+        raise ValueError(f"the engine there reports {program} {told!r}, not {release}")
+    values = checked_values(answer)
+    doc = {"program": program, "release": release, "gpu_mib": round(float(gpu_mib), 1), "args": list(args),
+           "defaults": dict(values), "host": host, "when": datetime.now(UTC).isoformat(timespec="seconds")}
+    path = _path(program, release, gpu_mib, args)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n")
+    tmp.replace(path)
+    return _asked(doc, path)
+
+
+def lookup(program: str, release: str, gpu_mib: float, args: Sequence[str]) -> AskedDefaults | None:
+    """The release's answer for these arguments on this GPU, if one was kept (and is still sound)."""
+    path = _path(program, release, gpu_mib, args)
+    try:
+        doc = json.loads(path.read_text())
+        if doc.get("release") != release or doc.get("args") != list(args):
+            return None
+        checked_values(doc.get("defaults") or {})
+        return _asked(doc, path)
+    except (OSError, ValueError, AttributeError, TypeError):
+        return None
+
+
+def _asked(doc: Mapping[str, Any], path: Path) -> AskedDefaults:
+    try:
+        when = datetime.fromisoformat(str(doc["when"])).astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    except (KeyError, ValueError):
+        when = str(doc.get("when"))
+    source = (f"asked of {doc['program']} {doc['release']} on {doc['host']} on {when} for a GPU of "
+              f"{doc['gpu_mib']:g} MiB ({path})")
+    return AskedDefaults(str(doc["release"]), source, checked_values(doc["defaults"]))

@@ -1,0 +1,127 @@
+"""The installed release's own memory defaults: deploy asks the host's SGLang once per release, GPU and
+launch and keeps the answer; `plan` offline then uses it and says so, and without one uses the
+captured rules and says that. The host is a recorded probe answer."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpudeploy import defaultscache
+from gpudeploy.apply import ask_defaults
+from gpudeploy.plan import load_plan
+
+LLAMA_70B = {"kind": "mha", "weights_bytes": 141107412992, "layers": 80, "kv_heads": 8, "head_dim": 128,
+             "hidden_size": 8192, "intermediate_size": 28672, "vocab_size": 128256, "context_length": 131072}
+
+
+def make(tmp: Path, version: str = "0.5.17", settings: dict[str, Any] | None = None) -> Path:
+    (tmp / "roles").mkdir(exist_ok=True)
+    (tmp / "roles" / "srv.yml").write_text(yaml.safe_dump(
+        {"engine": "sglang", "tp_size": 4, "model": {"path": "/models/llama", "facts": LLAMA_70B},
+         "settings": settings or {}}))
+    inv = tmp / "hosts.yml"
+    inv.write_text(yaml.safe_dump({
+        "deployment": "m", "roles_dir": "roles",
+        "defaults": {"gpu_memory_gib": 79.6, "engine_versions": {"sglang": version}, "ssh": {"port": 1}},
+        "hosts": {"node1": {"address": "127.0.0.1", "roles": ["srv"], "numa_nodes": [
+            {"id": 0, "gpus": [0, 1, 2, 3], "cpus": "0-31"}]}}}))
+    return inv
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    folder = tmp_path / "defaults"
+    monkeypatch.setattr(defaultscache, "ROOT", folder)
+    return folder
+
+
+def plan_of(inv: Path) -> Any:
+    # as `plan` does: a release whose --help was not read yet plans with the nearest captured flags
+    return load_plan(str(inv), offline_flags=True)
+
+
+def inputs(mem: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {i["name"]: i for i in mem["inputs"]}
+
+
+def test_without_an_answer_the_captured_rules_are_used_and_said(tmp_path: Path, cache: Path) -> None:
+    mem = plan_of(make(tmp_path)).units[0].memory
+    assert mem is not None and mem["release_rules"] == "0.5.17"
+    said = inputs(mem)["release defaults"]
+    assert not said["grounded"] and "0.5.10's rules for 0.5.17" in said["source"]
+    assert "deploy" in said["certain_by"]
+    # a release whose wheel was read needs no answer to be grounded: nothing is said of its defaults
+    assert "release defaults" not in inputs(plan_of(make(tmp_path, "0.5.23")).units[0].memory or {})
+
+
+def test_an_answer_kept_is_the_plans_defaults_offline(tmp_path: Path, cache: Path) -> None:
+    inv = make(tmp_path)
+    unit = plan_of(inv).units[0]
+    before = unit.memory
+    assert before is not None
+    args = defaultscache.launch_args(unit.argv)
+    assert "--port" not in args and "--host" not in args and args[:2] == ["--model-path", "/models/llama"]
+    # what 0.5.17 said on a host with these GPUs (79.6 GiB by NVML: 81510.4 MiB)
+    defaultscache.save("sglang", "0.5.17", 79.6 * 1024, args,
+                       {"release": "0.5.17", "mem_fraction_static": 0.81, "chunked_prefill_size": 8192,
+                        "cuda_graph_max_bs": 384, "max_running_requests": None}, "node1")
+    mem = plan_of(inv).units[0].memory
+    assert mem is not None
+    assert mem["fraction"] == 0.81 != before["fraction"] and mem["fraction_is_default"]
+    assert mem["cuda_graph_max_bs"] == 384
+    said = inputs(mem)["release defaults"]
+    assert said["grounded"] and said["source"].startswith("asked of sglang 0.5.17 on node1 on ")
+    # the role's own setting wins over the release's default
+    mine = plan_of(make(tmp_path, settings={"cuda_graph_max_bs": 128})).units[0].memory
+    assert mine is not None and mine["cuda_graph_max_bs"] == 128
+
+
+def _host_answers(monkeypatch: pytest.MonkeyPatch, answer: dict[str, Any], asked: list[dict[str, Any]]) -> None:
+    @contextmanager
+    def connect(host: Any) -> Iterator[Any]:
+        yield host
+
+    def probe(remote: Any, spec: dict[str, Any], timeout: float = 60) -> dict[str, Any]:
+        asked.append(spec)
+        return {"defaults": [dict(answer) for _ in spec["defaults"]]}
+
+    monkeypatch.setattr(ask_defaults, "connect", connect)
+    monkeypatch.setattr(ask_defaults, "probe", probe)
+
+
+def test_deploy_asks_once_and_keeps_the_answer(tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    asked: list[dict[str, Any]] = []
+    _host_answers(monkeypatch, {"release": "0.5.17", "gpu_mib": 81510.4, "mem_fraction_static": 0.812,
+                                "chunked_prefill_size": 8192, "cuda_graph_max_bs": 512,
+                                "max_running_requests": None}, asked)
+    plan = plan_of(make(tmp_path))
+    assert ask_defaults.ask(plan) == ["node1/srv"]
+    (one,) = asked[0]["defaults"]
+    assert one["gpu_mib"] == pytest.approx(79.6 * 1024) and one["gpus"] == "0,1,2,3"
+    assert one["python"] == plan.units[0].argv[0] and "--port" not in one["args"]
+    assert "asked sglang 0.5.17 for its memory defaults (srv): mem_fraction_static 0.812" in capsys.readouterr().out
+    assert ask_defaults.ask(plan_of(make(tmp_path))) == [] and len(asked) == 1   # kept: not asked again
+    mem = plan_of(make(tmp_path)).units[0].memory
+    assert mem is not None and mem["fraction"] == 0.812
+
+
+@pytest.mark.parametrize(("answer", "words"), [
+    ({"release": "0.5.23", "mem_fraction_static": 0.8}, "reports sglang '0.5.23', not 0.5.17"),
+    ({"release": "0.5.17", "mem_fraction_static": 7}, "mem_fraction_static is 7, outside"),
+    ({"error": "exit 1: ModuleNotFoundError: No module named 'sglang'"}, "could not ask sglang 0.5.17"),
+])
+def test_an_answer_that_cannot_be_taken_is_said_and_the_rules_stay(
+        tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        answer: dict[str, Any], words: str) -> None:
+    _host_answers(monkeypatch, answer, [])
+    assert ask_defaults.ask(plan_of(make(tmp_path))) == []
+    assert words in capsys.readouterr().out
+    mem = plan_of(make(tmp_path)).units[0].memory
+    assert mem is not None and not inputs(mem)["release defaults"]["grounded"]
