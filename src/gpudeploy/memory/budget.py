@@ -368,6 +368,36 @@ def _inputs(model: ModelFacts, s: EngineSettings, rel: Release, cal: Cal, gpu: G
     return tuple(out)
 
 
+# what each assumed input's band stands for, term by term: the release's own arithmetic on the guessed
+# inputs (known once the inputs are), and what is not known
+_SHAPE_TERMS = (("cuda_graphs", "decode graphs"), ("prefill_graphs", "prefill graphs"), ("activations", "activations"))
+_SPEC_TERMS = (("verify_graphs", "verify graphs"), ("draft_graphs", "draft graphs"), ("draft_weights", "draft weights"),
+               ("draft_kv", "draft KV"), ("spec_buffers", "draft buffers"))
+
+
+def _per_term(inputs: tuple[Input, ...], br: dict[str, float], rel: Release) -> tuple[Input, ...]:
+    """A guessed shape's inputs say which headroom terms are SGLang's own arithmetic on the guess, with
+    their GiB, and which facts are unknown: a user sees what the band is made of, and what to read."""
+    def terms(names: tuple[tuple[str, str], ...]) -> str:
+        return ", ".join(f"{label} {br[k]:.2f}" for k, label in names if br.get(k, 0.0) >= 0.005)
+
+    out = []
+    for i in inputs:
+        if i.grounded or i.band_gib <= 0:
+            out.append(i)
+            continue
+        if i.name == "model shape" and terms(_SHAPE_TERMS):
+            i = replace(i, source=f"{i.source}; known: SGLang {rel.name}'s own arithmetic on that guess gives "
+                        f"{terms(_SHAPE_TERMS)} GiB; unknown: the model's real layers, hidden size, attention heads "
+                        "and MoE sizes, which set each of them and the kernels' workspaces in capture")
+        elif i.name == "speculative graphs" and terms(_SPEC_TERMS):
+            i = replace(i, source=f"{i.source}; known: SGLang {rel.name}'s own arithmetic on the guessed draft gives "
+                        f"{terms(_SPEC_TERMS)} GiB; unknown: the draft layer's real shape and what the target's "
+                        "kernels allocate when verify batches are captured")
+        out.append(i)
+    return tuple(out)
+
+
 def evaluate(cap: float, model: ModelFacts, s: EngineSettings, cal: Cal, rel: Release = R0523,
              gpu: GpuClass | None = None) -> Budget:
     """The outcome of one rank under the release's rules (no recommendation)."""
@@ -557,8 +587,8 @@ def evaluate(cap: float, model: ModelFacts, s: EngineSettings, cal: Cal, rel: Re
         if other.headroom_breakdown:
             drift = (abs(other.headroom_needed_gib - needed),
                      f"{above.name}'s rules need {other.headroom_needed_gib:.2f} GiB of headroom here")
-    inputs = _inputs(model, s, rel, cal, gpu, f, p_band, w, p, graphs_total, graphs_grounded, dp_note,
-                     verify_tokens, drift)
+    inputs = _per_term(_inputs(model, s, rel, cal, gpu, f, p_band, w, p, graphs_total, graphs_grounded, dp_note,
+                               verify_tokens, drift), br, rel)
     guessed = sum(i.band_gib for i in assumed(inputs))
     # a floor a failed run proved replaces part of what the guesses allowed for
     guessed = max(0.0, guessed - cal.learned_gib)
