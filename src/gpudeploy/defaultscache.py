@@ -1,7 +1,9 @@
-"""The memory defaults installed SGLang releases gave, asked of them on a host, kept on this machine.
+"""What hosts told about their engines and models, kept on this machine: the memory defaults installed
+SGLang releases gave, and the config.json and checkpoint sizes of models that live only on a host.
 
     $GPUDEPLOY_DEFAULTS_CACHE (default ~/.cache/gpudeploy/defaults)/
         <program>/<release>.<key>.json   {"program", "release", "gpu_mib", "args", "defaults", "host", "when"}
+        models/<key>.json                {"host", "path", "config", "checkpoint", "when"}
 
 ``key`` is the digest of the GPU memory (MiB, as the release reads it from nvidia-smi) and the launch
 arguments the release resolved (less the ones that only say where it listens): the defaults are a
@@ -22,6 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from .memory import checkpoint as ck
 from .memory.asked import AskedDefaults, checked_values
 from .versions import same_release
 
@@ -108,3 +111,42 @@ def _asked(doc: Mapping[str, Any], path: Path) -> AskedDefaults:
     source = (f"asked of {doc['program']} {doc['release']} on {doc['host']} on {when} for a GPU of "
               f"{doc['gpu_mib']:g} MiB ({path})")
     return AskedDefaults(str(doc["release"]), source, checked_values(doc["defaults"]))
+
+
+# ---- model folders that live only on a host --------------------------------------------------------
+
+def _model_path(host: str, path: str) -> Path:
+    return ROOT / "models" / f"{hashlib.sha256(json.dumps([host, path]).encode()).hexdigest()[:20]}.json"
+
+
+def save_model(host: str, path: str, answer: Mapping[str, Any]) -> ck.Checkpoint:
+    """Keep what the probe read of ``path`` on ``host`` (:func:`remote_probe.model_files`); ValueError
+    when it is not a config.json object and checked checkpoint sizes."""
+    config = answer.get("config")
+    if not isinstance(config, dict):
+        raise ValueError(f"no config.json object for {path} (got {type(config).__name__})")
+    try:
+        got = ck.from_json(answer.get("checkpoint"), f"{host}:{path}")
+    except ck.CheckpointError as exc:
+        raise ValueError(exc.message) from None
+    doc = {"host": host, "path": path, "config": config, "checkpoint": ck.to_json(got),
+           "when": datetime.now(UTC).isoformat(timespec="seconds")}
+    out = _model_path(host, path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n")
+    tmp.replace(out)
+    return got
+
+
+def lookup_model(host: str, path: str) -> tuple[dict[str, Any], ck.Checkpoint] | None:
+    """(config.json, the checkpoint's sizes, its source naming the host) of ``path`` on ``host``."""
+    try:
+        doc = json.loads(_model_path(host, path).read_text())
+        if doc.get("host") != host or doc.get("path") != path or not isinstance(doc.get("config"), dict):
+            return None
+        got = ck.from_json(doc.get("checkpoint"), f"{host}:{path}")
+    except (OSError, ValueError, AttributeError, TypeError, ck.CheckpointError):
+        return None
+    return doc["config"], ck.Checkpoint(got.total_bytes, f"{got.source}, read on {host} on {doc.get('when')}",
+                                        got.draft_bytes, got.attention_bytes, got.by_dtype)

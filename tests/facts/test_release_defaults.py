@@ -10,13 +10,15 @@ fake pythons that print what the probe would read."""
 from __future__ import annotations
 
 import json
+import os
 import stat
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from gpudeploy.facts import remote_probe
+from gpudeploy.facts import probe, remote_probe
 
 # the 0.5.10 shape: server_args.py:41 imports the helper by name, :781 calls it in __post_init__
 R0510 = {
@@ -151,3 +153,31 @@ def test_a_python_without_sglang_is_an_error_of_that_ask_only(tmp_path: Path) ->
     assert "exit 0" in got[1]["error"] and "error" in got[2]
     facts = remote_probe.main({"defaults": [{"python": str(broken), "gpu_mib": 1, "args": []}]})
     assert facts["defaults"][0]["error"]
+
+
+def test_the_probe_reads_a_model_folder_that_lives_only_on_the_host(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The script as it is sent to a host (the readers prepended, no gpudeploy there): config.json and
+    the checkpoint's sizes from the safetensors headers, and an error per folder it cannot read."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "memory"))
+    import safetensors_files
+
+    folder = tmp_path / "Qwen3-4B-NVFP4"
+    folder.mkdir()
+    config = {"num_hidden_layers": 1, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "vocab_size": 128}
+    (folder / "config.json").write_text(json.dumps(config))
+    size = safetensors_files.write(folder / "model-00001-of-00001.safetensors",
+                                   {"model.layers.0.self_attn.q_proj.weight": ("U8", [64, 32]),
+                                    "model.layers.0.self_attn.q_proj.weight_scale": ("F8_E4M3", [64, 4]),
+                                    "model.embed_tokens.weight": ("BF16", [128, 64])})
+    res = subprocess.run([sys.executable, "-c", probe.SOURCE,
+                          json.dumps({"models": [str(folder), str(tmp_path / "nowhere")]})],
+                         capture_output=True, text=True, timeout=60, env={"PATH": os.environ.get("PATH", "")})
+    assert res.returncode == 0, res.stderr
+    got = json.loads(res.stdout)["models"]
+    assert got[str(folder)]["config"] == config
+    ckpt = got[str(folder)]["checkpoint"]
+    assert ckpt["total_bytes"] == size and ckpt["attention_bytes"] == 64 * 32 + 64 * 4
+    assert ckpt["by_dtype"] == {"U8": 2048, "F8_E4M3": 256, "BF16": 16384}
+    assert "No such file" in got[str(tmp_path / "nowhere")]["error"]

@@ -125,3 +125,44 @@ def test_an_answer_that_cannot_be_taken_is_said_and_the_rules_stay(
     assert words in capsys.readouterr().out
     mem = plan_of(make(tmp_path)).units[0].memory
     assert mem is not None and not inputs(mem)["release defaults"]["grounded"]
+
+
+FIX = Path(__file__).resolve().parents[1] / "memory" / "fixtures"
+
+
+def test_a_model_that_lives_only_on_the_host_is_read_there_once(
+        tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No model.facts and no folder here: the plan's memory check was "unknown". Deploy's probe reads
+    config.json and the checkpoint's sizes on the host; the plan then checks the model with them and
+    says where its size came from."""
+    inv = make(tmp_path, "0.5.23")
+    role = tmp_path / "roles" / "srv.yml"
+    doc = yaml.safe_load(role.read_text())
+    doc["model"] = {"path": "/models/only-on-node1/Llama-3.1-70B"}
+    role.write_text(yaml.safe_dump(doc))
+    assert (plan_of(inv).units[0].memory or {})["verdict"] == "unknown"
+    config = yaml.safe_load((FIX / "llama-3.1-70b" / "config.json").read_text())
+    answer = {"config": config, "checkpoint": {"total_bytes": 141107412992, "by_dtype": {"BF16": 141107412992},
+                                              "source": "/models/only-on-node1/Llama-3.1-70B/model.safetensors."
+                                                        "index.json metadata.total_size"}}
+    asked: list[dict[str, Any]] = []
+
+    @contextmanager
+    def connect(host: Any) -> Iterator[Any]:
+        yield host
+
+    def probe(remote: Any, spec: dict[str, Any], timeout: float = 60) -> dict[str, Any]:
+        asked.append(spec)
+        return {"defaults": [{"error": "exit 1: no sglang"}] * len(spec["defaults"]),
+                "models": {p: answer for p in spec["models"]}}
+
+    monkeypatch.setattr(ask_defaults, "connect", connect)
+    monkeypatch.setattr(ask_defaults, "probe", probe)
+    assert ask_defaults.ask(plan_of(inv)) == ["node1:/models/only-on-node1/Llama-3.1-70B"]
+    assert asked[0]["models"] == ["/models/only-on-node1/Llama-3.1-70B"]
+    mem = plan_of(inv).units[0].memory
+    assert mem is not None and (mem["verdict"], mem["severity"]) == ("fits", "ok"), mem["reason"]
+    size = inputs(mem)["checkpoint size"]
+    assert size["grounded"] and "metadata.total_size, read on node1 on " in size["source"]
+    assert ask_defaults.model_unread(plan_of(inv).units[0]) is None     # kept: not read again
+

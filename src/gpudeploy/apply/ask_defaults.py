@@ -8,10 +8,15 @@ unit's own arguments and the GPU memory the inventory gives (:func:`remote_probe
 and the answer is kept. A host that cannot answer (no SGLang in that python, an import error, a
 release other than the inventory's) costs only the answer: the plan keeps the captured rules and
 says so; deploy is never refused for it.
+
+A model that lives only on the GPU node (no ``model.facts``, no folder here) is read there in the same
+round trip: its ``config.json`` and its checkpoint's sizes from the safetensors index or headers
+(:func:`remote_probe.model_files`), kept like the defaults, so the memory check has its facts.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from .. import defaultscache
@@ -36,21 +41,35 @@ def wanted(units: tuple[Unit, ...] | list[Unit]) -> list[Unit]:
     return out
 
 
+def model_unread(u: Unit) -> str | None:
+    """The model folder of an SGLang unit whose facts are nowhere here: no ``model.facts``, no
+    config.json at ``model.path`` on this machine, nothing read on its host yet."""
+    path = u.role.model.get("path")
+    if u.role.engine != "sglang" or not path or isinstance(u.role.model.get("facts"), dict):
+        return None
+    if (Path(str(path)) / "config.json").is_file() or defaultscache.lookup_model(u.host.name, str(path)):
+        return None
+    return str(path)
+
+
 def ask(plan: Plan) -> list[str]:
-    """Ask each unit's release that has no answer kept; return what was learned (one line each), and
-    say what could not be asked. Never raises for a host's answer."""
+    """Ask each unit's release that has no answer kept, and read the model folders that live only on
+    their host; return what was learned (one line each), and say what could not be. Never raises for
+    a host's answer."""
     todo = wanted(plan.units)
-    hosts = {u.host.name: u.host for u in todo}
+    folders = {(u.host.name, p) for u in plan.units if (p := model_unread(u))}
+    hosts = {u.host.name: u.host for u in plan.units if u in todo or (u.host.name, model_unread(u)) in folders}
 
     def one(host: Host) -> list[str]:
         mine = [(u, gpu_mib(u.host, u.gpus), defaultscache.launch_args(u.argv)) for u in todo
                 if u.host.name == host.name]
         asks = [{"python": u.argv[0], "gpu_mib": mib, "args": args, "gpus": ",".join(str(g) for g in u.gpus)}
                 for u, mib, args in mine]
+        paths = sorted(p for h, p in folders if h == host.name)
         with connect(host) as remote:
-            facts = probe(remote, {"defaults": asks}, timeout=240)
+            facts = probe(remote, {"defaults": asks, "models": paths}, timeout=240)
+        learned = _models(host, paths, facts.get("models"))
         answers: list[Any] = list(facts.get("defaults") or [])[:len(mine)]
-        learned = []
         for (u, mib, args), answer in zip(mine, answers + [{}] * (len(mine) - len(answers)), strict=True):
             if not isinstance(answer, dict) or "error" in answer or not answer:
                 why = answer.get("error") if isinstance(answer, dict) else answer
@@ -74,3 +93,21 @@ def ask(plan: Plan) -> list[str]:
             continue
         out += res
     return out
+
+
+def _models(host: Host, paths: list[str], answers: Any) -> list[str]:
+    learned = []
+    answers = answers if isinstance(answers, dict) else {}
+    for path in paths:
+        got = answers.get(path) or {"error": "no answer"}
+        try:
+            if "error" in got:
+                raise ValueError(str(got["error"])[-200:])
+            kept = defaultscache.save_model(host.name, path, got)
+        except (ValueError, AttributeError, TypeError) as exc:
+            say(f"[{host.name}] could not read the model at {path} there ({exc}); its memory check stays unknown")
+            continue
+        say(f"[{host.name}] read the model at {path} there: {kept.total_bytes / 2**30:.2f} GiB of weights "
+            f"({kept.source})")
+        learned.append(f"{host.name}:{path}")
+    return learned

@@ -478,6 +478,39 @@ def release_defaults(asks: list[dict[str, Any]], timeout: float = 180.0) -> list
     return out
 
 
+def _checkpoint() -> Any:
+    """The safetensors header reader (memory/checkpoint.py): prepended as CHECKPOINT when this is sent
+    to a host (facts/probe.py), imported when this runs inside gpudeploy (tests)."""
+    module = globals().get("CHECKPOINT")
+    if module is None:
+        from gpudeploy.memory import checkpoint as module
+    return module
+
+
+def model_files(paths: list[str]) -> dict[str, Any]:
+    """Each model folder's ``config.json`` and its checkpoint's sizes (the safetensors index, or every
+    file's header: no weights are read), for a model that lives only on this host; or {"error"}."""
+    out: dict[str, Any] = {}
+    ck = _checkpoint()
+    for path in paths:
+        folder = os.path.expanduser(str(path))
+        try:
+            with open(os.path.join(folder, "config.json")) as f:
+                config = json.load(f)
+            text = config.get("text_config") if isinstance(config, dict) else None
+            layers = (text if isinstance(text, dict) else config).get("num_hidden_layers")
+            if not isinstance(layers, int) or isinstance(layers, bool) or layers <= 0:
+                raise ValueError(f"config.json has no num_hidden_layers (got {layers!r})")
+            from pathlib import Path
+
+            out[str(path)] = {"config": config, "checkpoint": ck.to_json(ck.read_checkpoint(Path(folder), layers))}
+        except ck.CheckpointError as exc:
+            out[str(path)] = {"error": f"{exc.file}: {exc.message}"}
+        except (OSError, ValueError, AttributeError) as exc:
+            out[str(path)] = {"error": str(exc)}
+    return out
+
+
 def journal(invocation: str, unit: str, lines: int) -> list[str]:
     if not invocation or lines <= 0:
         return []
@@ -713,6 +746,7 @@ def main(spec: dict[str, Any]) -> dict[str, Any]:
         "engines": engines(spec["engines"]) if spec.get("engines") else {},
         "help": {f"{p} {m}": help_text(p, m) for p, m in spec.get("help", [])},
         "defaults": release_defaults(list(spec["defaults"])) if spec.get("defaults") else [],
+        "models": model_files(list(spec["models"])) if spec.get("models") else {},
         "http": http(),  # begun first: the other facts were read while the servers answered
     }
 

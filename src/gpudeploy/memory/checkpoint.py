@@ -209,3 +209,28 @@ def _from_index(model_dir: Path, index: Path, layers: int) -> Checkpoint:
         return Checkpoint(total, source, None)     # the shards are on the GPU node only
     draft = sum(t.nbytes for s in shards for t in read_header(model_dir / s) if t.name in mtp)
     return Checkpoint(total, f"{source}; the MTP layers' bytes from {', '.join(shards)}", draft)
+
+
+# ---- carried from a host ----------------------------------------------------------------------
+
+def to_json(c: Checkpoint) -> dict[str, Any]:
+    return {"total_bytes": c.total_bytes, "source": c.source, "draft_bytes": c.draft_bytes,
+            "attention_bytes": c.attention_bytes, "by_dtype": dict(c.by_dtype)}
+
+
+def from_json(d: Any, where: str) -> Checkpoint:
+    """A :func:`to_json` answer (the host probe's), checked: whole byte counts, a source in words."""
+    if not isinstance(d, dict):
+        raise CheckpointError(where, None, f"expected the checkpoint's sizes, got {d!r}")
+    total, source = d.get("total_bytes"), d.get("source")
+    if not isinstance(total, int) or isinstance(total, bool) or total <= 0 or not isinstance(source, str):
+        raise CheckpointError(where, "total_bytes", f"the checkpoint's size must be a whole number of bytes, "
+                              f"got {total!r}")
+    extra = {k: d.get(k) for k in ("draft_bytes", "attention_bytes")}
+    for k, v in extra.items():
+        if v is not None and (not _int(v) or v < 0 or v > total):
+            raise CheckpointError(where, k, f"{k} must be a whole number of bytes up to the checkpoint's, got {v!r}")
+    by_dtype = d.get("by_dtype") or {}
+    if not isinstance(by_dtype, dict) or not all(isinstance(k, str) and _int(v) for k, v in by_dtype.items()):
+        raise CheckpointError(where, "by_dtype", f"by_dtype must map dtypes to bytes, got {by_dtype!r}")
+    return Checkpoint(int(total), source, extra["draft_bytes"], extra["attention_bytes"], dict(by_dtype))

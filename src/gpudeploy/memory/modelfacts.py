@@ -369,8 +369,21 @@ def model_facts_from_dir(path: str | Path) -> ModelFacts:
     """Model facts from ``config.json`` and the safetensors index (or single file) in ``path``."""
     model_dir = Path(path)
     cfg_path = model_dir / "config.json"
-    where = str(cfg_path)
     top = _read_json(cfg_path)
+    layers = config_layers(top, str(cfg_path))
+    return model_facts_from_config(top, _checkpoint(model_dir, layers), str(cfg_path), model_dir.name)
+
+
+def config_layers(top: Mapping[str, Any], where: str) -> int:
+    """``num_hidden_layers`` of a config.json (a multimodal model's ``text_config``'s)."""
+    text = top.get("text_config")
+    cfg = {**top, **text} if isinstance(text, dict) else top
+    return int(_num(cfg, "num_hidden_layers", where, required=True))
+
+
+def model_facts_from_config(top: Mapping[str, Any], ckpt: Checkpoint, where: str, name: str) -> ModelFacts:
+    """Model facts from a parsed ``config.json`` and what the checkpoint's files say
+    (:func:`.checkpoint.read_checkpoint`, here or on the host that has the model)."""
     cfg: dict[str, Any] = dict(top)
     if isinstance(top.get("text_config"), dict):
         cfg.update(top["text_config"])
@@ -382,7 +395,6 @@ def model_facts_from_dir(path: str | Path) -> ModelFacts:
         return int(_num(cfg, key, where, default=default))
 
     layers = req("num_hidden_layers")
-    ckpt = _checkpoint(model_dir, layers)
     hidden = req("hidden_size")
     heads = opt("num_attention_heads")
     dtype_name = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16").replace("torch.", "")
@@ -401,7 +413,7 @@ def model_facts_from_dir(path: str | Path) -> ModelFacts:
         multimodal=vision is not None,
         vision_layers=int(_num(vision, "num_hidden_layers", where, default=24)) if vision else 24,
         vision_hidden_size=int(_num(vision, "hidden_size", where, default=1024)) if vision else 1024,
-        name=model_dir.name, weight_bytes=ckpt.total_bytes, weights_source=ckpt.source, layers=layers,
+        name=name, weight_bytes=ckpt.total_bytes, weights_source=ckpt.source, layers=layers,
         dtype_bytes=dtype_bytes,
         hidden_size=hidden, vocab_size=req("vocab_size"),
         intermediate_size=opt("intermediate_size"),

@@ -21,7 +21,7 @@ from ..errors import InputError, Problem
 from ..library import PACKAGED_ROLES
 from ..memory import EngineSettings, budget, recommendation_flags, suggest
 from ..memory.logparse import Measured
-from ..memory.modelfacts import ModelFacts, model_facts_from_dir, model_facts_from_mapping
+from ..memory.modelfacts import ModelFacts, model_facts_from_config, model_facts_from_dir, model_facts_from_mapping
 from ..model import Host, Inventory, Plan, Role, Unit
 from ..yamlsrc import LineMap
 from .calibrate import CalibrationStore
@@ -34,7 +34,9 @@ DEFAULT_STORE = Path(os.environ.get("GPUDEPLOY_CALIBRATION",
                                     Path.home() / ".local/state/gpudeploy/calibration.json"))
 
 
-def model_facts(role: Role, problems: list[Problem]) -> ModelFacts | None:
+def model_facts(role: Role, problems: list[Problem], host: str | None = None) -> ModelFacts | None:
+    """The role's ``model.facts``, else its model folder here, else what ``host``'s probe read of that
+    folder on the host (``defaultscache``: a model that lives only on the GPU node), else None."""
     facts = role.model.get("facts")
     path = role.model.get("path")
     try:
@@ -42,6 +44,9 @@ def model_facts(role: Role, problems: list[Problem]) -> ModelFacts | None:
             return model_facts_from_mapping(facts, where=role.file)
         if path and (Path(str(path)) / "config.json").is_file():
             return model_facts_from_dir(str(path))
+        kept = defaultscache.lookup_model(host, str(path)) if path and host else None
+        if kept is not None:
+            return model_facts_from_config(kept[0], kept[1], f"{host}:{path}/config.json", Path(str(path)).name)
     except InputError as exc:
         problems.extend(Problem(p.message, file=p.file or role.file, line=_fact_line(role, facts, p.key),
                                 role=role.name, key=f"model.facts.{p.key}" if p.key and isinstance(facts, dict)
@@ -111,12 +116,13 @@ def unit_memory(host: Host, role: Role, gpus: tuple[int, ...], version: str, sto
     (``defaultscache``: then they are the release's own, else the captured rules' reading)."""
     if role.engine != "sglang" or not gpus:
         return None
-    facts = model_facts(role, problems)     # its problems are reported whatever the GPUs' memory
+    facts = model_facts(role, problems, host.name)  # its problems are reported whatever the GPUs' memory
     if any(g not in host.gpu_memory_gib for g in gpus):
         return None         # the inventory's problem with gpu_memory_gib is reported; no capacity to check
     if facts is None:
         return {"verdict": "unknown", "recommended": {},
-                "reason": "no model facts: the model dir is not readable here and the role has no model.facts"}
+                "reason": "no model facts: the model dir is not readable here, the role has no model.facts, "
+                          "and no deploy has read the model's config.json and safetensors index on the host yet"}
     try:
         settings = EngineSettings.from_settings(role.settings, role.tp_size, where=role.file)
     except InputError as exc:
