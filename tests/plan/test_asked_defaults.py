@@ -166,3 +166,15 @@ def test_a_model_that_lives_only_on_the_host_is_read_there_once(
     assert size["grounded"] and "metadata.total_size, read on node1 on " in size["source"]
     assert ask_defaults.model_unread(plan_of(inv).units[0]) is None     # kept: not read again
 
+
+
+def test_a_dp_attention_ranks_chunk_is_taken_back_to_the_whole() -> None:
+    """SGLang resolves the chunk per DP rank (divided by the DP size); the model divides the whole
+    chunk itself, so the asked one is multiplied back, not divided twice."""
+    from gpudeploy.memory.asked import AskedDefaults, filled
+    from gpudeploy.memory.settings import EngineSettings
+
+    asked = AskedDefaults("0.5.17", "t", (("chunked_prefill_size", 1024), ("cuda_graph_max_bs", 64)))
+    dp = EngineSettings(tp_size=8, enable_dp_attention=True, dp_size=8)
+    assert filled(dp, asked).chunked_prefill_size == 8192 and filled(dp, asked).cuda_graph_max_bs == 64
+    assert filled(EngineSettings(tp_size=8), asked).chunked_prefill_size == 1024

@@ -62,5 +62,11 @@ def filled(s: EngineSettings, asked: AskedDefaults | None) -> EngineSettings:
     if asked is None:
         return s
     given: dict[str, Any] = {name: v for name, v in asked.values if getattr(s, name) is None}
-    # a graph cap of 0 or a chunk of -1 are SGLang's own "off": kept as they are
+    chunk = given.get("chunked_prefill_size")
+    if chunk and chunk > 0 and s.enable_dp_attention and s.dp_size > 1:
+        # the release's resolved chunk is one DP rank's (0.5.10 server_args.py:2641, 0.5.23
+        # arg_groups/parallel_hook.py:331 divide it by the DP size); the model takes the whole chunk
+        # and divides it itself (.defaults.resolved_defaults, .budget)
+        given["chunked_prefill_size"] = chunk * s.dp_size
+    # a chunk of -1 is SGLang's own "off": kept as it is
     return replace(s, **given) if given else s
