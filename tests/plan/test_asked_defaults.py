@@ -178,3 +178,14 @@ def test_a_dp_attention_ranks_chunk_is_taken_back_to_the_whole() -> None:
     dp = EngineSettings(tp_size=8, enable_dp_attention=True, dp_size=8)
     assert filled(dp, asked).chunked_prefill_size == 8192 and filled(dp, asked).cuda_graph_max_bs == 64
     assert filled(EngineSettings(tp_size=8), asked).chunked_prefill_size == 1024
+
+
+def test_plan_says_which_host_gave_the_defaults(tmp_path: Path, cache: Path) -> None:
+    from gpudeploy.report import plan_text
+
+    inv = make(tmp_path)
+    unit = plan_of(inv).units[0]
+    defaultscache.save("sglang", "0.5.17", 79.6 * 1024, defaultscache.launch_args(unit.argv),
+                       {"release": "0.5.17", "mem_fraction_static": 0.81}, "node1")
+    text = plan_text(plan_of(inv))
+    assert "              release defaults: asked of sglang 0.5.17 on node1 on " in text
