@@ -189,3 +189,19 @@ def test_plan_says_which_host_gave_the_defaults(tmp_path: Path, cache: Path) -> 
                        {"release": "0.5.17", "mem_fraction_static": 0.81}, "node1")
     text = plan_text(plan_of(inv))
     assert "              release defaults: asked of sglang 0.5.17 on node1 on " in text
+
+
+def test_replicas_of_one_launch_on_a_host_are_asked_once(tmp_path: Path, cache: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    inv = make(tmp_path)
+    doc = yaml.safe_load(inv.read_text())
+    doc["hosts"]["node1"]["numa_nodes"] = [{"id": 0, "gpus": [0, 1, 2, 3, 4, 5, 6, 7], "cpus": "0-31"}]
+    doc["hosts"]["node1"]["roles"] = [{"role": "srv", "name": "srv-a", "gpus": [0, 1, 2, 3]},
+                                      {"role": "srv", "name": "srv-b", "gpus": [4, 5, 6, 7]}]
+    inv.write_text(yaml.safe_dump(doc))
+    asked: list[dict[str, Any]] = []
+    _host_answers(monkeypatch, {"release": "0.5.17", "mem_fraction_static": 0.812}, asked)
+    plan = plan_of(inv)
+    assert len(plan.units) == 2
+    assert len(ask_defaults.ask(plan)) == 1 and len(asked[0]["defaults"]) == 1
+    assert all((u.memory or {})["fraction"] == 0.812 for u in plan_of(inv).units)

@@ -61,8 +61,13 @@ def ask(plan: Plan) -> list[str]:
     hosts = {u.host.name: u.host for u in plan.units if u in todo or (u.host.name, model_unread(u)) in folders}
 
     def one(host: Host) -> list[str]:
-        mine = [(u, gpu_mib(u.host, u.gpus), defaultscache.launch_args(u.argv)) for u in todo
-                if u.host.name == host.name]
+        # one ask per launch: replicas of a role on other GPUs of the host get the same answer (each
+        # ask imports the release: ~11 s of CPU)
+        launches: dict[tuple[str, float, tuple[str, ...]], Unit] = {}
+        for u in todo:
+            if u.host.name == host.name:
+                launches.setdefault((u.argv[0], gpu_mib(u.host, u.gpus), tuple(defaultscache.launch_args(u.argv))), u)
+        mine = [(u, mib, list(args)) for (_, mib, args), u in launches.items()]
         asks = [{"python": u.argv[0], "gpu_mib": mib, "args": args, "gpus": ",".join(str(g) for g in u.gpus)}
                 for u, mib, args in mine]
         paths = sorted(p for h, p in folders if h == host.name)
