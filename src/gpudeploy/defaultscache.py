@@ -20,7 +20,7 @@ import hashlib
 import json
 import os
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +111,38 @@ def _asked(doc: Mapping[str, Any], path: Path) -> AskedDefaults:
     source = (f"asked of {doc['program']} {doc['release']} on {doc['host']} on {when} for a GPU of "
               f"{doc['gpu_mib']:g} MiB ({path})")
     return AskedDefaults(str(doc["release"]), source, checked_values(doc["defaults"]))
+
+
+# ---- hosts that could not answer ------------------------------------------------------------------
+# A host whose python cannot answer (no SGLang there, an import error, a stand-in) is not asked again
+# for a day: each ask is a connection and a probe before deploy goes ahead, and a redeploy must not
+# pay it every time (issue 44 asked for answers "cached", and a missing answer is an answer too).
+NO_ANSWER_FOR = timedelta(days=1)
+
+
+def _no_answer_path(kind: str, host: str, what: Sequence[str]) -> Path:
+    digest = hashlib.sha256(json.dumps([kind, host, list(what)]).encode()).hexdigest()[:20]
+    return ROOT / "unanswered" / f"{digest}.json"
+
+
+def save_no_answer(kind: str, host: str, what: Sequence[str], why: str) -> None:
+    """Keep that ``host`` could not answer ``kind`` (``defaults`` for a python and release, ``model``
+    for a folder) so that it is not asked again within NO_ANSWER_FOR."""
+    path = _no_answer_path(kind, host, what)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps({"kind": kind, "host": host, "what": list(what), "why": why[-300:],
+                               "when": datetime.now(UTC).isoformat(timespec="seconds")}) + "\n")
+    tmp.replace(path)
+
+
+def unanswered(kind: str, host: str, what: Sequence[str]) -> bool:
+    """True while ``host`` said within NO_ANSWER_FOR that it cannot answer ``kind`` for ``what``."""
+    try:
+        doc = json.loads(_no_answer_path(kind, host, what).read_text())
+        return bool(datetime.now(UTC) - datetime.fromisoformat(str(doc["when"])) < NO_ANSWER_FOR)
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
 
 
 # ---- model folders that live only on a host --------------------------------------------------------

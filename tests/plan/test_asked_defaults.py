@@ -127,6 +127,23 @@ def test_an_answer_that_cannot_be_taken_is_said_and_the_rules_stay(
     assert mem is not None and not inputs(mem)["release defaults"]["grounded"]
 
 
+def test_a_host_that_cannot_answer_is_not_asked_again_by_the_next_deploy(
+        tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stand-in or a python without SGLang answers nothing: a redeploy must not pay a connection
+    and a probe for that again (the SSH overhead of every redeploy)."""
+    asked: list[dict[str, Any]] = []
+    _host_answers(monkeypatch, {"error": "exit 1: ModuleNotFoundError: No module named 'sglang.srt'"}, asked)
+    assert ask_defaults.ask(plan_of(make(tmp_path))) == [] and len(asked) == 1
+    assert ask_defaults.ask(plan_of(make(tmp_path))) == [] and len(asked) == 1
+
+
+def test_a_server_on_the_cpu_is_never_asked_for_gpu_memory_defaults(
+        tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    asked: list[dict[str, Any]] = []
+    _host_answers(monkeypatch, {"release": "0.5.17", "mem_fraction_static": 0.8}, asked)
+    assert ask_defaults.ask(plan_of(make(tmp_path, settings={"device": "cpu"}))) == [] and asked == []
+
+
 FIX = Path(__file__).resolve().parents[1] / "memory" / "fixtures"
 
 

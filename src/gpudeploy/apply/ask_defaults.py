@@ -33,12 +33,25 @@ def wanted(units: tuple[Unit, ...] | list[Unit]) -> list[Unit]:
     for u in units:
         if u.role.engine != "sglang" or not u.engine_version or not u.gpus or not u.argv:
             continue
-        if any(g not in u.host.gpu_memory_gib for g in u.gpus):
+        if any(g not in u.host.gpu_memory_gib for g in u.gpus) or not on_cuda(u.argv):
+            continue
+        if defaultscache.unanswered("defaults", u.host.name, [u.argv[0], u.engine_version]):
             continue
         if defaultscache.lookup("sglang", u.engine_version, gpu_mib(u.host, u.gpus),
                                 defaultscache.launch_args(u.argv)) is None:
             out.append(u)
     return out
+
+
+def on_cuda(argv: tuple[str, ...] | list[str]) -> bool:
+    """The release's memory defaults are those of a CUDA GPU: a server told ``--device cpu`` (the lab's
+    real SGLang) has none to give, and asking it would cost an import of the release for nothing."""
+    for i, a in enumerate(argv):
+        if a == "--device" and i + 1 < len(argv):
+            return argv[i + 1] in ("cuda", "gpu")
+        if a.startswith("--device="):
+            return a.split("=", 1)[1] in ("cuda", "gpu")
+    return True
 
 
 def model_unread(u: Unit) -> str | None:
@@ -47,7 +60,8 @@ def model_unread(u: Unit) -> str | None:
     path = u.role.model.get("path")
     if u.role.engine != "sglang" or not path or isinstance(u.role.model.get("facts"), dict):
         return None
-    if (Path(str(path)) / "config.json").is_file() or defaultscache.lookup_model(u.host.name, str(path)):
+    if (Path(str(path)) / "config.json").is_file() or defaultscache.lookup_model(u.host.name, str(path)) \
+            or defaultscache.unanswered("model", u.host.name, [str(path)]):
         return None
     return str(path)
 
@@ -78,8 +92,10 @@ def ask(plan: Plan) -> list[str]:
         for (u, mib, args), answer in zip(mine, answers + [{}] * (len(mine) - len(answers)), strict=True):
             if not isinstance(answer, dict) or "error" in answer or not answer:
                 why = answer.get("error") if isinstance(answer, dict) else answer
+                defaultscache.save_no_answer("defaults", host.name, [u.argv[0], str(u.engine_version)], str(why))
                 say(f"[{host.name}] could not ask sglang {u.engine_version} for its memory defaults ({u.role.name}): "
-                    f"{str(why)[-200:]}; the plan keeps {u.engine_version}'s captured rules")
+                    f"{str(why)[-200:]}; the plan keeps {u.engine_version}'s captured rules (not asked again there "
+                    "for a day)")
                 continue
             try:
                 got = defaultscache.save("sglang", str(u.engine_version), mib, args, answer, host.name)
@@ -107,6 +123,7 @@ def _models(host: Host, paths: list[str], answers: Any) -> list[str]:
         got = answers.get(path) or {"error": "no answer"}
         try:
             if "error" in got:
+                defaultscache.save_no_answer("model", host.name, [path], str(got["error"]))
                 raise ValueError(str(got["error"])[-200:])
             kept = defaultscache.save_model(host.name, path, got)
         except (ValueError, AttributeError, TypeError) as exc:
