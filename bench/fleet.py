@@ -194,7 +194,7 @@ def lab_cpu_s() -> float:
 def gd_env(state: Path) -> dict[str, str]:
     return {**os.environ, "PYTHONUNBUFFERED": "1", "GPUDEPLOY_STATE": str(state / "gd-state"),
             "GPUDEPLOY_CALIBRATION": str(state / "calibration.json"),
-            "GPUDEPLOY_FLAGS_CACHE": str(state / "flags")}
+            "GPUDEPLOY_FLAGS_CACHE": str(state / "flags"), "GPUDEPLOY_DEFAULTS_CACHE": str(state / "defaults")}
 
 
 def ansible_env(state: Path) -> dict[str, str]:

@@ -105,7 +105,30 @@ def main() -> int:
           f"KV tokens within 5%: {sum(abs(r['kv_err']) <= 0.05 for r in kv)} of {len(kv)} "
           f"({sum(abs(r['kv_err']) <= 0.05 for r in logged)} of {len(logged)} where the log gives every input)")
     print(summary(rows))
+    print(releases_line(api, path.parent / "fixtures"))
     return 0
+
+
+# every release on PyPI from 0.4.4 to 0.5.23 (tests/plan/test_offline_releases.py plans each offline)
+RELEASES = (["0.4.4", "0.4.5", "0.4.6", "0.4.7", "0.4.8", "0.4.9", "0.4.10", "0.5.1", "0.5.2", "0.5.3"]
+            + [f"0.5.{n}" for n in range(4, 24)])
+
+
+def releases_line(api: dict[str, Any], fixtures: Path) -> str:
+    """Issue 44's last target: each release's rules give a verdict (Llama 3.1 70B at TP4 on 80 GB, defaults)."""
+    model = api["from_dir"](fixtures / "llama-3.1-70b")
+    s = api["settings"].from_settings({}, tp_size=4)
+    planned, read = 0, 0
+    for release in RELEASES:
+        try:
+            b = api["budget"](79.19, model, s, release=release)
+        except Exception as exc:  # a release the rules cannot plan: counted as not planned, and said
+            print(f"release {release}: {exc}", file=sys.stderr)
+            continue
+        planned += b.severity != "refuse"
+        read += bool(getattr(api["release"](release), "checked", True))
+    return (f"releases {RELEASES[0]} - {RELEASES[-1]} planned offline: {planned} of {len(RELEASES)} "
+            f"({read} with rules read from their own wheel, the rest the nearest read one's, banded)")
 
 
 def summary(rows: list[dict[str, Any]]) -> str:

@@ -221,6 +221,9 @@ def memory_line(mem: dict[str, Any], fix: str = "") -> str:
     grounded = [i["name"] for i in inputs if i.get("grounded")]
     if grounded:
         rows.append("              grounded: " + ", ".join(grounded))
+    # where the facts read on a host came from: the user sees which host and when, not only that
+    rows += [f"              {i['name']}: {i['source']}" for i in inputs
+             if i.get("grounded") and (i["name"] == "release defaults" or " read on " in str(i.get("source")))]
     rows += [f"              note: {n}" for n in mem.get("notes") or []]
     for name, cmp in (mem.get("measured") or {}).items():
         if isinstance(cmp, dict) and "measured" in cmp:

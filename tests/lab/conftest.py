@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from deploytools import CALIBRATION, FLAGS_CACHE, Deployments
+from deploytools import CALIBRATION, DEFAULTS_CACHE, FLAGS_CACHE, Deployments
 
 import gpudeploy_lab as labctl
 from gpudeploy_lab import config as labconfig
@@ -121,6 +121,7 @@ def _test_stores() -> Iterator[None]:
     yield
     CALIBRATION.unlink(missing_ok=True)
     shutil.rmtree(FLAGS_CACHE, ignore_errors=True)
+    shutil.rmtree(DEFAULTS_CACHE, ignore_errors=True)
 
 
 @pytest.fixture

@@ -62,14 +62,18 @@ def write_inventory(root: Path, *, deployment: str, hosts: dict[str, tuple[str, 
 CALIBRATION = Path(tempfile.gettempdir()) / f"gpudeploy-test-calibration-{os.getpid()}.json"
 # ... and the --help of releases they teach gpudeploy away from the user's own cache of them.
 FLAGS_CACHE = Path(tempfile.gettempdir()) / f"gpudeploy-test-flags-{os.getpid()}"
+# ... and what hosts answered (or could not) when asked for their release's memory defaults.
+DEFAULTS_CACHE = Path(tempfile.gettempdir()) / f"gpudeploy-test-defaults-{os.getpid()}"
+# The environment of every gpudeploy command a test starts: these three stores, this run's own.
+STORES = {"GPUDEPLOY_CALIBRATION": str(CALIBRATION), "GPUDEPLOY_FLAGS_CACHE": str(FLAGS_CACHE),
+          "GPUDEPLOY_DEFAULTS_CACHE": str(DEFAULTS_CACHE)}
 
 
 def gd(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
     """Run `invoke ARGS` from the repo, as a user would."""
     return subprocess.run([sys.executable, "-m", "invoke", "--search-root", str(REPO), *args], cwd=REPO,
                           capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "GPUDEPLOY_CALIBRATION": str(CALIBRATION),
-                               "GPUDEPLOY_FLAGS_CACHE": str(FLAGS_CACHE)})
+                          env={**os.environ, **STORES})
 
 
 def status_json(inventory: Path, *extra: str) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 import yaml
 from conftest import Lab
-from deploytools import CALIBRATION, FLAGS_CACHE, REPO, Deployments, gd, standin_role, wait_for
+from deploytools import REPO, STORES, Deployments, gd, standin_role, wait_for
 
 from gpudeploy.experiment import bench
 from gpudeploy_lab import engine
@@ -181,7 +181,7 @@ def test_resume_after_ctrl_c_reruns_nothing_finished(deployments: Deployments, l
     exp = write_experiment(tmp_path, inv, {"first": {}, "second": {"dec": {"settings": {"max_running_requests": 64}}}},
                            concurrency=[1, 2, 4])
     db = tmp_path / "results" / "experiment.sqlite"
-    env = {**os.environ, "GPUDEPLOY_CALIBRATION": str(CALIBRATION), "GPUDEPLOY_FLAGS_CACHE": str(FLAGS_CACHE)}
+    env = {**os.environ, **STORES}
     proc = subprocess.Popen([sys.executable, "-m", "invoke", "--search-root", str(REPO), "experiment", "--file",
                              str(exp)], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:

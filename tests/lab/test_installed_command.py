@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import yaml
 from conftest import Lab
-from deploytools import CALIBRATION, FLAGS_CACHE, KEY, KNOWN_HOSTS, REPO, Deployments, gd, standin_role, status_json
+from deploytools import KEY, KNOWN_HOSTS, REPO, STORES, Deployments, gd, standin_role, status_json
 
 from gpudeploy_lab import control
 
@@ -55,8 +55,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def user(bin_dir: Path, cwd: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     """`gpudeploy ARGS` in the user's own folder, as they would type it (no repo on any path)."""
     env = {k: v for k, v in os.environ.items() if k not in ("GPUDEPLOY_INVENTORY", "PYTHONPATH", "VIRTUAL_ENV")}
-    env.update({"GPUDEPLOY_CALIBRATION": str(CALIBRATION), "GPUDEPLOY_FLAGS_CACHE": str(FLAGS_CACHE),
-                "PATH": f"{bin_dir}:{env.get('PATH', '')}"})
+    env.update({**STORES, "PATH": f"{bin_dir}:{env.get('PATH', '')}"})
     res = subprocess.run([str(bin_dir / "gpudeploy"), *args], cwd=cwd, capture_output=True, text=True,
                          timeout=timeout, env=env)
     print(f"$ gpudeploy {' '.join(args)}\n{res.stdout[-4000:]}{res.stderr[-2000:]}")

@@ -48,3 +48,32 @@ def test_the_band_is_told_term_by_term_and_adds_up() -> None:
     assert any(k.startswith("CUDA graphs") for k in terms)
     assert "model shape (assumed)" in terms and terms["model shape (assumed)"] > 0
     assert sum(terms.values()) == pytest.approx(got.error_band_gib, abs=1e-6)
+
+
+# the field report's MTP launch (issue 44): "TP4 FP8 MoE with a ~146 GB checkpoint", its shape guessed
+# as DeepSeek V3's (tests/memory/cases.yaml field-146gb-fp8-moe)
+FIELD_MOE = {"kind": "mla", "assumed": ["shape"], "architecture": "DeepseekV3ForCausalLM",
+             "weights_bytes": 146000000000, "layers": 61, "kv_lora_rank": 512, "qk_rope_head_dim": 64,
+             "hidden_size": 7168, "vocab_size": 129280, "moe_intermediate_size": 2048, "num_experts_per_tok": 8,
+             "context_length": 163840, "mtp_layers": 1}
+FIELD_MTP = {"mem_fraction_static": 0.70, "speculative_algorithm": "EAGLE", "speculative_num_steps": 1,
+             "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 2}
+
+
+def test_the_field_mtp_launch_says_per_term_what_is_known_and_what_is_not() -> None:
+    """The MTP launch at 0.70 died capturing its verify graphs at least 5.2 GiB short; with the model's
+    shape a guess, SGLang's own arithmetic cannot see why (its terms add up to ~4 GiB of 28 GiB of
+    headroom). The verdict stays a warning, and says term by term what that arithmetic gives on the
+    guess and what is unknown, so a user knows what to read (the model's config.json) or measure."""
+    got = budget(95.0, model_facts_from_mapping(FIELD_MOE, "t"),
+                 EngineSettings.from_settings(FIELD_MTP, tp_size=4), release="0.5.9")
+    assert (got.verdict, got.severity) == ("uncertain", "warn")
+    spec = next(i for i in got.inputs if i.name == "speculative graphs")
+    assert not spec.grounded
+    assert f"verify graphs {got.headroom_breakdown['verify_graphs']:.2f}" in spec.source
+    assert f"draft KV {got.headroom_breakdown['draft_kv']:.2f}" in spec.source
+    assert "unknown: the draft layer's real shape" in spec.source
+    shape = next(i for i in got.inputs if i.name == "model shape")
+    assert f"activations {got.headroom_breakdown['activations']:.2f}" in shape.source and "unknown:" in shape.source
+    assert "draft buffers" not in spec.source        # 2 MiB: below what a figure of 0.01 GiB shows
+    assert spec.source in got.reason and shape.source in got.reason

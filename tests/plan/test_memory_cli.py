@@ -129,7 +129,7 @@ def test_plan_suggest_prints_settings_that_fit(tmp_path: Path) -> None:
     # the shape is known and 0.5.23's speculative graphs are its own arithmetic: short by more than the
     # band is certain (plan exits 2: deploy would refuse), and --suggest still lists what fits
     assert res.returncode == 2, res.stderr
-    assert "grounded: model shape, release rules, speculative graphs" in res.stdout, res.stdout
+    assert "grounded: model shape, checkpoint size, release rules, speculative graphs" in res.stdout, res.stdout
     assert "fits: --mem-fraction-static" in res.stdout and "KV tokens" in res.stdout
 
 

@@ -200,6 +200,14 @@ def deploy(c: Context, host: str | None = None, inventory: str | None = None, ro
 
         p = plan_learning_flags(inventory, host=host, role=role, deployment=deployment, whole=True,
                                 store=calibration(), read=read)
+        from ..apply.ask_defaults import ask
+        from ..plan.memcheck import memory_verdicts
+
+        # the installed release's own memory defaults, asked once, then the verdicts with them; not
+        # where deploy refuses a unit anyway (it touches no host then)
+        if (force or not memory_verdicts(p)[0]) and ask(p):
+            p = plan_learning_flags(inventory, host=host, role=role, deployment=deployment, whole=True,
+                                    store=calibration())
         if only_failed:
             wanted = last.not_ready(inventory)
             if wanted is None:

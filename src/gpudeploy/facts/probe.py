@@ -14,22 +14,26 @@ from ..errors import RemoteError
 from ..model import Host
 from ..remote.base import Result
 
-# One script: the probe, with the process supervisor's host module in front of it as PROCESS_HOST
-# and the GPU health reader as GPU_HEALTH (a host has no gpudeploy to import them from). All are read
-# as files, not imported: status starts the probe before it has imported the supervisors and the
-# planner (verify/head_start.py).
+# One script: the probe, with the process supervisor's host module in front of it as PROCESS_HOST,
+# the GPU health reader as GPU_HEALTH and the safetensors header reader as CHECKPOINT (a host has no
+# gpudeploy to import them from). All are read as files, not imported: status starts the probe before
+# it has imported the supervisors and the planner (verify/head_start.py).
 _PACKAGE = Path(__file__).resolve().parents[1]
 _FUTURE = "from __future__ import annotations\n"
 
 
 def _module(name: str, path: Path) -> str:
-    return (f"{name.upper()} = types.ModuleType({name!r})\n"
+    # registered in sys.modules before it runs: a dataclass resolves its string annotations through
+    # its module's entry there (the checkpoint reader's would fail without one)
+    key = f"gpudeploy_probe_{name}"
+    return (f"{name.upper()} = sys.modules[{key!r}] = types.ModuleType({key!r})\n"
             f"exec(compile({path.read_text()!r}, {name!r}, 'exec'), {name.upper()}.__dict__)\n")
 
 
 GPU_HEALTH_SOURCE = (_PACKAGE / "facts" / "gpu_health.py").read_text()
-_PRELUDE = ("import types\n" + _module("process_host", _PACKAGE / "supervisor" / "process_host.py")
-            + _module("gpu_health", _PACKAGE / "facts" / "gpu_health.py"))
+_PRELUDE = ("import sys\nimport types\n" + _module("process_host", _PACKAGE / "supervisor" / "process_host.py")
+            + _module("gpu_health", _PACKAGE / "facts" / "gpu_health.py")
+            + _module("checkpoint", _PACKAGE / "memory" / "checkpoint.py"))
 SOURCE = (_PACKAGE / "facts" / "remote_probe.py").read_text().replace(_FUTURE, _FUTURE + _PRELUDE, 1)
 
 

@@ -405,6 +405,112 @@ def help_text(python: str, module: str) -> dict[str, Any]:
     return {"rc": res.returncode, "text": res.stdout, "error": res.stderr[-500:]}
 
 
+# The release's own memory defaults for a launch: SGLang's ServerArgs resolved from the unit's own
+# arguments, with the GPU memory it would read from nvidia-smi given as the inventory has it. The
+# release reads it through get_device_memory_capacity (0.5.10 server_args.py:781, imported by name at
+# :41; 0.5.23 arg_groups/memory_hook.py:78, imported at :21): each module's name is pointed at the
+# given figure, so the answer is the same on a GPU that is busy, and for a GPU other than the host's.
+# 0.5.23 resolves in resolve_once() (server_args.py:241-300; __post_init__ no longer does), earlier
+# releases in __post_init__; 0.5.23 keeps the decode graph cap in cuda_graph_config.decode.max_bs.
+# The answer is the last line that starts with DEFAULTS_MARK: SGLang logs to stdout too.
+DEFAULTS_MARK = "GPUDEPLOY-RELEASE-DEFAULTS "
+DEFAULTS_SCRIPT = (
+    "import importlib, json, sys\n"
+    "gpu_mib = float(sys.argv[1])\n"
+    "args = json.loads(sys.argv[2])\n"
+    "def capacity(device=None):\n"
+    "    return gpu_mib\n"
+    "for name in ('sglang.srt.utils', 'sglang.srt.utils.common', 'sglang.srt.server_args',\n"
+    "             'sglang.srt.arg_groups.memory_hook'):\n"
+    "    try:\n"
+    "        module = importlib.import_module(name)\n"
+    "    except Exception:\n"
+    "        continue\n"
+    "    if hasattr(module, 'get_device_memory_capacity'):\n"
+    "        module.get_device_memory_capacity = capacity\n"
+    "import sglang\n"
+    "from sglang.srt import server_args as sa\n"
+    "parsed = sa.prepare_server_args(args)\n"
+    "if callable(getattr(parsed, 'resolve_once', None)):\n"
+    "    parsed.resolve_once()\n"
+    "def read(name):\n"
+    "    try:\n"
+    "        from sglang.srt.arg_groups.overrides import resolution_result\n"
+    "        return resolution_result(parsed, name)\n"
+    "    except Exception:\n"
+    "        return getattr(parsed, name, None)\n"
+    "max_bs = read('cuda_graph_max_bs')\n"
+    "graphs = read('cuda_graph_config')\n"
+    "if max_bs is None and graphs is not None:\n"
+    "    max_bs = getattr(getattr(graphs, 'decode', None), 'max_bs', None)\n"
+    "out = {'release': str(sglang.__version__), 'gpu_mib': gpu_mib, 'cuda_graph_max_bs': max_bs}\n"
+    "for name in ('mem_fraction_static', 'chunked_prefill_size', 'max_running_requests'):\n"
+    "    out[name] = read(name)\n"
+    f"print({DEFAULTS_MARK!r} + json.dumps(out, default=str))\n")
+
+
+def release_defaults(asks: list[dict[str, Any]], timeout: float = 180.0) -> list[dict[str, Any]]:
+    """Each of ``asks`` ({"python", "gpu_mib", "args": launch arguments, "gpus": "0,1"}) -> the
+    release's resolved defaults, or {"error": why}. Offline (HF_HUB_OFFLINE: the model's config is
+    read where it lies, never fetched), with the unit's GPUs visible as the unit would see them."""
+    out: list[dict[str, Any]] = []
+    for ask in asks:
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+        if ask.get("gpus"):
+            env["CUDA_VISIBLE_DEVICES"] = str(ask["gpus"])
+        try:
+            res = subprocess.run([str(ask["python"]), "-s", "-c", DEFAULTS_SCRIPT, str(float(ask["gpu_mib"])),
+                                  json.dumps([str(a) for a in ask.get("args", [])])],
+                                 capture_output=True, text=True, timeout=timeout, check=False, env=env,
+                                 stdin=subprocess.DEVNULL)
+        except (OSError, ValueError, subprocess.TimeoutExpired) as exc:
+            out.append({"error": str(exc)})
+            continue
+        lines = [ln[len(DEFAULTS_MARK):] for ln in res.stdout.splitlines() if ln.startswith(DEFAULTS_MARK)]
+        try:
+            answer = json.loads(lines[-1]) if res.returncode == 0 and lines else None
+        except ValueError:
+            answer = None
+        if not isinstance(answer, dict):
+            out.append({"error": f"exit {res.returncode}: {(res.stderr or res.stdout).strip()[-300:]}"})
+            continue
+        out.append(answer)
+    return out
+
+
+def _checkpoint() -> Any:
+    """The safetensors header reader (memory/checkpoint.py): prepended as CHECKPOINT when this is sent
+    to a host (facts/probe.py), imported when this runs inside gpudeploy (tests)."""
+    module = globals().get("CHECKPOINT")
+    if module is None:
+        from gpudeploy.memory import checkpoint as module
+    return module
+
+
+def model_files(paths: list[str]) -> dict[str, Any]:
+    """Each model folder's ``config.json`` and its checkpoint's sizes (the safetensors index, or every
+    file's header: no weights are read), for a model that lives only on this host; or {"error"}."""
+    out: dict[str, Any] = {}
+    ck = _checkpoint()
+    for path in paths:
+        folder = os.path.expanduser(str(path))
+        try:
+            with open(os.path.join(folder, "config.json")) as f:
+                config = json.load(f)
+            text = config.get("text_config") if isinstance(config, dict) else None
+            layers = (text if isinstance(text, dict) else config).get("num_hidden_layers")
+            if not isinstance(layers, int) or isinstance(layers, bool) or layers <= 0:
+                raise ValueError(f"config.json has no num_hidden_layers (got {layers!r})")
+            from pathlib import Path
+
+            out[str(path)] = {"config": config, "checkpoint": ck.to_json(ck.read_checkpoint(Path(folder), layers))}
+        except ck.CheckpointError as exc:
+            out[str(path)] = {"error": f"{exc.file}: {exc.message}"}
+        except (OSError, ValueError, AttributeError) as exc:
+            out[str(path)] = {"error": str(exc)}
+    return out
+
+
 def journal(invocation: str, unit: str, lines: int) -> list[str]:
     if not invocation or lines <= 0:
         return []
@@ -639,6 +745,8 @@ def main(spec: dict[str, Any]) -> dict[str, Any]:
         "versions": engine_versions(),  # begun second, as the GETs: their processes ran meanwhile
         "engines": engines(spec["engines"]) if spec.get("engines") else {},
         "help": {f"{p} {m}": help_text(p, m) for p, m in spec.get("help", [])},
+        "defaults": release_defaults(list(spec["defaults"])) if spec.get("defaults") else [],
+        "models": model_files(list(spec["models"])) if spec.get("models") else {},
         "http": http(),  # begun first: the other facts were read while the servers answered
     }
 

@@ -207,6 +207,8 @@ class Cal:
     extra_headroom: tuple[tuple[str, float], ...] = ()
     lesson: str = ""
     learned_gib: float = 0.0              # how much a floor raised the estimate (it replaces guesses)
+    # the installed release's own defaults for these settings, asked of it (:mod:`.asked`): where from
+    defaults_source: str = ""
 
     def scale(self, family: str) -> float:
         return dict(self.graph_scales).get(family, 1.0)
@@ -305,11 +307,26 @@ def _inputs(model: ModelFacts, s: EngineSettings, rel: Release, cal: Cal, gpu: G
                          "the model's config.json (a readable model.path) or a measured run"))
     else:
         out.append(Input("model shape", True, model.source or "the role's model.facts"))
-    others = [a for a in model.assumed if a != "shape"]
+    # the checkpoint's size moves the static memory (the KV tokens), not the headroom: no band
+    if "weights" in model.assumed:
+        out.append(Input("checkpoint size", False, "assumed from the parameter count and dtype (moves the KV tokens)",
+                         0.0, "the model directory's safetensors index or its files' headers"))
+    elif cal.weights_gib is not None:
+        out.append(Input("checkpoint size", True, "a previous run's log (Load weight end)"))
+    else:
+        out.append(Input("checkpoint size", True, model.weights_source or "given in the role's model.facts"))
+    others = [a for a in model.assumed if a not in ("shape", "weights")]
     if others:
         # a guessed checkpoint size moves the static memory (the KV tokens), not the headroom
         out.append(Input(", ".join(others), False, "guessed in the role's model.facts (moves the KV tokens)", 0.0,
                          "the model directory's safetensors index"))
+    if cal.defaults_source:
+        out.append(Input("release defaults", True, cal.defaults_source))
+    elif not rel.checked:
+        # the defaults (fraction, chunk, graph cap, running requests) are the captured rules' reading;
+        # their share of the band is the release rules' drift below
+        out.append(Input("release defaults", False, f"{rel.checked_as}'s rules for {rel.name}: not asked of the "
+                         "installed release", 0.0, "a deploy to a host that has it (its ServerArgs are asked)"))
     if rel.checked:
         out.append(Input("release rules", True, f"SGLang {rel.name}, read from its wheel"))
     else:
@@ -348,6 +365,36 @@ def _inputs(model: ModelFacts, s: EngineSettings, rel: Release, cal: Cal, gpu: G
     if dp_note and not model.attention_weight_bytes:
         out.append(Input("DP attention weights", False, "attention shape unknown: weights taken as split by TP",
                          0.0, "num_attention_heads (and MLA ranks) in model.facts"))
+    return tuple(out)
+
+
+# what each assumed input's band stands for, term by term: the release's own arithmetic on the guessed
+# inputs (known once the inputs are), and what is not known
+_SHAPE_TERMS = (("cuda_graphs", "decode graphs"), ("prefill_graphs", "prefill graphs"), ("activations", "activations"))
+_SPEC_TERMS = (("verify_graphs", "verify graphs"), ("draft_graphs", "draft graphs"), ("draft_weights", "draft weights"),
+               ("draft_kv", "draft KV"), ("spec_buffers", "draft buffers"))
+
+
+def _per_term(inputs: tuple[Input, ...], br: dict[str, float], rel: Release) -> tuple[Input, ...]:
+    """A guessed shape's inputs say which headroom terms are SGLang's own arithmetic on the guess, with
+    their GiB, and which facts are unknown: a user sees what the band is made of, and what to read."""
+    def terms(names: tuple[tuple[str, str], ...]) -> str:
+        return ", ".join(f"{label} {br[k]:.2f}" for k, label in names if br.get(k, 0.0) >= 0.005)
+
+    out = []
+    for i in inputs:
+        if i.grounded or i.band_gib <= 0:
+            out.append(i)
+            continue
+        if i.name == "model shape" and terms(_SHAPE_TERMS):
+            i = replace(i, source=f"{i.source}; known: SGLang {rel.name}'s own arithmetic on that guess gives "
+                        f"{terms(_SHAPE_TERMS)} GiB; unknown: the model's real layers, hidden size, attention heads "
+                        "and MoE sizes, which set each of them and the kernels' workspaces in capture")
+        elif i.name == "speculative graphs" and terms(_SPEC_TERMS):
+            i = replace(i, source=f"{i.source}; known: SGLang {rel.name}'s own arithmetic on the guessed draft gives "
+                        f"{terms(_SPEC_TERMS)} GiB; unknown: the draft layer's real shape and what the target's "
+                        "kernels allocate when verify batches are captured")
+        out.append(i)
     return tuple(out)
 
 
@@ -540,8 +587,8 @@ def evaluate(cap: float, model: ModelFacts, s: EngineSettings, cal: Cal, rel: Re
         if other.headroom_breakdown:
             drift = (abs(other.headroom_needed_gib - needed),
                      f"{above.name}'s rules need {other.headroom_needed_gib:.2f} GiB of headroom here")
-    inputs = _inputs(model, s, rel, cal, gpu, f, p_band, w, p, graphs_total, graphs_grounded, dp_note,
-                     verify_tokens, drift)
+    inputs = _per_term(_inputs(model, s, rel, cal, gpu, f, p_band, w, p, graphs_total, graphs_grounded, dp_note,
+                               verify_tokens, drift), br, rel)
     guessed = sum(i.band_gib for i in assumed(inputs))
     # a floor a failed run proved replaces part of what the guesses allowed for
     guessed = max(0.0, guessed - cal.learned_gib)

@@ -1,7 +1,7 @@
 """Model facts the memory model needs, read from a model directory or given as explicit numbers.
 
-Pure: the only I/O is reading ``config.json``, ``model.safetensors.index.json`` and the size of
-``model.safetensors`` in a model directory, and only when :func:`model_facts_from_dir` is called.
+Pure: the only I/O is reading ``config.json``, ``model.safetensors.index.json`` and safetensors
+headers in a model directory, and only when :func:`model_facts_from_dir` is called.
 
 From a directory (:func:`model_facts_from_dir`):
   * ``config.json`` (a multimodal ``text_config`` is merged over the top level): layers, KV heads,
@@ -9,8 +9,10 @@ From a directory (:func:`model_facts_from_dir`):
     ``full_attention_interval`` or NemotronH ``hybrid_override_pattern``), linear-attention /
     Mamba state dims, ``torch_dtype``, ``max_position_embeddings``, MTP layers
     (``num_nextn_predict_layers`` / ``mtp_num_hidden_layers``), ``quantization_config``.
-  * weights: ``metadata.total_size`` of ``model.safetensors.index.json`` (sharded checkpoints) or
-    the size of ``model.safetensors`` (single file). The checkpoint size includes MTP layers.
+  * weights (:mod:`.checkpoint`): ``metadata.total_size`` of ``model.safetensors.index.json``, else
+    the tensors' bytes in every ``*.safetensors`` file's header; never a parameter count times a
+    dtype. The checkpoint size includes MTP layers; their own bytes come from the headers of the
+    files that hold them, where those are here (else they are the layers' count's share, assumed).
 
 Explicit numbers (:func:`model_facts_from_mapping`, e.g. a role's ``model_facts:`` block, for a
 model that lives only on the GPU node). Accepted keys (unknown keys are an error):
@@ -64,6 +66,8 @@ from typing import Any
 
 from gpudeploy.errors import InputError, Problem
 
+from .checkpoint import Checkpoint, CheckpointError, read_checkpoint
+
 GIB = float(1 << 30)
 KINDS = ("mha", "mla", "hybrid")
 
@@ -114,6 +118,8 @@ class ModelFacts:
     assumed: tuple[str, ...] = ()          # which facts are guesses (empty: read or given as known)
     source: str = ""
     ssm_dtype_bytes: int = 4               # hybrid: the SSM state's element size (config.json mamba_ssm_dtype)
+    mtp_weight_bytes: int | None = None    # the MTP layers' bytes as the safetensors headers give them
+    weights_source: str = ""               # where weight_bytes comes from ("" : given in model facts)
 
     # ---- derived sizes -------------------------------------------------------------------
     def kv_bytes_per_token(self, tp: int = 1, kv_dtype_bytes: int | None = None) -> int:
@@ -150,6 +156,8 @@ class ModelFacts:
         """Checkpoint bytes the target model loads (MTP layers excluded)."""
         if self.mtp_layers <= 0:
             return self.weight_bytes
+        if self.mtp_weight_bytes is not None:
+            return self.weight_bytes - self.mtp_weight_bytes
         return int(self.weight_bytes * self.layers / (self.layers + self.mtp_layers))
 
     def draft_bytes(self) -> int:
@@ -350,34 +358,35 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data
 
 
-def _weight_bytes(model_dir: Path) -> tuple[int, str]:
-    index = model_dir / "model.safetensors.index.json"
-    if index.exists():
-        data = _read_json(index)
-        meta = data.get("metadata")
-        if not isinstance(meta, dict) or "total_size" not in meta:
-            raise _problem(str(index), "metadata.total_size", "missing metadata.total_size")
-        return _num(meta, "total_size", str(index), required=True), str(index)
-    single = model_dir / "model.safetensors"
-    if single.exists():
-        try:
-            return single.stat().st_size, str(single)
-        except OSError as e:
-            raise _problem(str(single), None, f"cannot stat: {e}") from None
-    raise _problem(str(model_dir), "model.safetensors.index.json",
-                   "no model.safetensors.index.json or model.safetensors in the model directory")
+def _checkpoint(model_dir: Path, layers: int) -> Checkpoint:
+    try:
+        return read_checkpoint(model_dir, layers)
+    except CheckpointError as e:
+        raise _problem(e.file, e.key, e.message) from None
 
 
 def model_facts_from_dir(path: str | Path) -> ModelFacts:
     """Model facts from ``config.json`` and the safetensors index (or single file) in ``path``."""
     model_dir = Path(path)
     cfg_path = model_dir / "config.json"
-    where = str(cfg_path)
     top = _read_json(cfg_path)
+    layers = config_layers(top, str(cfg_path))
+    return model_facts_from_config(top, _checkpoint(model_dir, layers), str(cfg_path), model_dir.name)
+
+
+def config_layers(top: Mapping[str, Any], where: str) -> int:
+    """``num_hidden_layers`` of a config.json (a multimodal model's ``text_config``'s)."""
+    text = top.get("text_config")
+    cfg = {**top, **text} if isinstance(text, dict) else top
+    return int(_num(cfg, "num_hidden_layers", where, required=True))
+
+
+def model_facts_from_config(top: Mapping[str, Any], ckpt: Checkpoint, where: str, name: str) -> ModelFacts:
+    """Model facts from a parsed ``config.json`` and what the checkpoint's files say
+    (:func:`.checkpoint.read_checkpoint`, here or on the host that has the model)."""
     cfg: dict[str, Any] = dict(top)
     if isinstance(top.get("text_config"), dict):
         cfg.update(top["text_config"])
-    weight_bytes, _ = _weight_bytes(model_dir)
 
     def req(key: str) -> int:
         return int(_num(cfg, key, where, required=True))
@@ -404,7 +413,8 @@ def model_facts_from_dir(path: str | Path) -> ModelFacts:
         multimodal=vision is not None,
         vision_layers=int(_num(vision, "num_hidden_layers", where, default=24)) if vision else 24,
         vision_hidden_size=int(_num(vision, "hidden_size", where, default=1024)) if vision else 1024,
-        name=model_dir.name, weight_bytes=weight_bytes, layers=layers, dtype_bytes=dtype_bytes,
+        name=name, weight_bytes=ckpt.total_bytes, weights_source=ckpt.source, layers=layers,
+        dtype_bytes=dtype_bytes,
         hidden_size=hidden, vocab_size=req("vocab_size"),
         intermediate_size=opt("intermediate_size"),
         moe_intermediate_size=opt("moe_intermediate_size"),
@@ -412,6 +422,9 @@ def model_facts_from_dir(path: str | Path) -> ModelFacts:
         context_length=opt("max_position_embeddings", 32768),
         mtp_layers=mtp, quantization=quantization, source=where,
         attention_chunk_size=opt("attention_chunk_size"),
+        mtp_weight_bytes=ckpt.draft_bytes if mtp else None,
+        # the MTP layers' share, where no header here says it, is their count's: assumed
+        assumed=("MTP layers' bytes",) if mtp and ckpt.draft_bytes is None else (),
     )
 
     weight_dtype = 1 if quantization else dtype_bytes
@@ -419,6 +432,7 @@ def model_facts_from_dir(path: str | Path) -> ModelFacts:
         attn = attention_weight_bytes("mla", layers, hidden, heads, 0, 0, opt("q_lora_rank"), req("kv_lora_rank"),
                                       req("qk_rope_head_dim"), opt("qk_nope_head_dim"), opt("v_head_dim"),
                                       weight_dtype)
+        attn = ckpt.attention_bytes or attn        # the headers' own bytes, quantized or not
         return ModelFacts(kind="mla", kv_lora_rank=req("kv_lora_rank"),
                           qk_rope_head_dim=req("qk_rope_head_dim"), full_attention_layers=layers,
                           attention_weight_bytes=attn, **common)
@@ -434,6 +448,7 @@ def model_facts_from_dir(path: str | Path) -> ModelFacts:
 
     full, linear, conv, ssm = _hybrid_layout(cfg, where, layers)
     attn = attention_weight_bytes("mha", full, hidden, heads, kv_heads, head_dim, 0, 0, 0, 0, 0, weight_dtype)
+    attn = ckpt.attention_bytes or attn            # the headers' own bytes, quantized or not
     if linear:
         # the SSM state's dtype: config.json's mamba_ssm_dtype (text_config's for a VL model), else
         # float32 (SGLang's configs/mamba_utils.py mamba2_state_dtype); _hybrid_layout counts 4 bytes

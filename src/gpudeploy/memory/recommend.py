@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import InputError, Problem
+from .asked import AskedDefaults, filled
 from .budget import (
     CERTAIN,
     SEVERITIES,
@@ -221,17 +222,17 @@ def _recommend(ctx: _Ctx, s: EngineSettings, verdict: str) -> tuple[dict[str, An
 
 def _context(gpu_capacity_gib: float, model: ModelFacts, settings: EngineSettings, measured: Measured | None,
              measured_settings: EngineSettings | None, release: str | Release | None, gpu_name: str | None,
-             free_gib: float | None) -> _Ctx:
+             free_gib: float | None, asked: AskedDefaults | None = None) -> _Ctx:
     if gpu_capacity_gib <= 0 or not math.isfinite(gpu_capacity_gib):
         raise InputError([Problem(message=f"GPU capacity must be positive, got {gpu_capacity_gib}",
                                   key="gpu_capacity_gib")])
     rel = release if isinstance(release, Release) else release_rules(release)
     gpu = gpu_class(gpu_capacity_gib, gpu_name)
-    base = Cal()
+    base = Cal(defaults_source=asked.source if asked else "")
     if free_gib is not None:
         p, band = preload_from_nvml(free_gib, settings.tp_size, gpu_name, gpu_capacity_gib)
-        base = Cal(preload_free_gib=p, preload_band_gib=band,
-                   preload_source=f"NVML at deploy: {free_gib:.2f} GiB free on the GPU, less the engine's context")
+        base = replace(base, preload_free_gib=p, preload_band_gib=band,
+                       preload_source=f"NVML at deploy: {free_gib:.2f} GiB free on the GPU, less the engine's context")
     cal = calibration(gpu_capacity_gib, model, measured_settings or settings, measured, rel, gpu, base)
     if free_gib is not None and cal.preload_source != base.preload_source and cal.preload_free_gib is not None:
         # what is free now bounds what a previous run found free then
@@ -242,17 +243,22 @@ def _context(gpu_capacity_gib: float, model: ModelFacts, settings: EngineSetting
 def budget(gpu_capacity_gib: float, model: ModelFacts, settings: EngineSettings,
            measured: Measured | None = None, measured_settings: EngineSettings | None = None,
            release: str | Release | None = None, *, gpu_name: str | None = None,
-           free_gib: float | None = None) -> Budget:
+           free_gib: float | None = None, asked: AskedDefaults | None = None) -> Budget:
     """Predict the startup outcome of one rank and, unless it fits with room to spare, what would.
 
     ``release`` is the host's SGLang version (or a :class:`Release`); ``measured`` is what a
     previous run of this model on this GPU logged, under ``measured_settings`` (default:
     ``settings``); ``gpu_name`` and ``free_gib`` are NVML's name and free memory of the GPU at deploy.
     Measured preload memory and weights replace the estimates; measured graph memory (or an OOM's
-    floor of it) rescales the graph estimate for every setting.
+    floor of it) rescales the graph estimate for every setting. ``asked``: the installed release's
+    own defaults for these settings on this GPU (:mod:`.asked`), taken for what the role leaves unset.
     """
-    ctx = _context(gpu_capacity_gib, model, settings, measured, measured_settings, release, gpu_name, free_gib)
-    b = ctx.eval(settings)
+    role_fraction = settings.mem_fraction_static
+    settings = filled(settings, asked)
+    measured_settings = filled(measured_settings, asked) if measured_settings is not None else None
+    ctx = _context(gpu_capacity_gib, model, settings, measured, measured_settings, release, gpu_name, free_gib,
+                   asked)
+    b = _as_default(ctx.eval(settings), role_fraction)
     if measured is not None:
         estimate = evaluate(gpu_capacity_gib, model, settings, Cal(), ctx.rel, ctx.gpu)
         cmp: dict[str, Any] = {}
@@ -285,6 +291,11 @@ def budget(gpu_capacity_gib: float, model: ModelFacts, settings: EngineSettings,
     return replace(b, recommended=rec, needs_more_gpus=more, message=msg)
 
 
+def _as_default(b: Budget, role_fraction: float | None) -> Budget:
+    """The release's own fraction, asked of it, is still the default the role leaves unset."""
+    return b if b.fraction_is_default or role_fraction is not None else replace(b, fraction_is_default=True)
+
+
 # below this much more headroom than the band wants, the spare is not worth a setting of its own
 TABLE_MIN_GIB = 1.0
 
@@ -312,9 +323,12 @@ def left_on_the_table(ctx: _Ctx, s: EngineSettings, b: Budget) -> dict[str, Any]
 def suggest(gpu_capacity_gib: float, model: ModelFacts, settings: EngineSettings,
             measured: Measured | None = None, measured_settings: EngineSettings | None = None,
             limit: int = 8, release: str | Release | None = None, *, gpu_name: str | None = None,
-            free_gib: float | None = None) -> list[Suggestion]:
+            free_gib: float | None = None, asked: AskedDefaults | None = None) -> list[Suggestion]:
     """Settings that fit, best first: speculative kept, larger graph batch, more KV tokens."""
-    ctx = _context(gpu_capacity_gib, model, settings, measured, measured_settings, release, gpu_name, free_gib)
+    settings = filled(settings, asked)
+    measured_settings = filled(measured_settings, asked) if measured_settings is not None else None
+    ctx = _context(gpu_capacity_gib, model, settings, measured, measured_settings, release, gpu_name, free_gib,
+                   asked)
     out: list[Suggestion] = []
     for new, b in _search(ctx, settings, every_cap=True):
         out.append(Suggestion(settings=_changes(settings, new), kv_tokens=b.kv_tokens,

@@ -116,7 +116,8 @@ def build_plan(inv: Inventory, *, host: str | None = None, role: str | None = No
                 before = len(problems)
                 unit = replace(unit, memory=unit_memory(h, r, unit.gpus, unit.engine_version, store, problems,
                                                         want_suggestions=suggest,
-                                                        flags_release=unit.flags_release or None))
+                                                        flags_release=unit.flags_release or None,
+                                                        argv=unit.argv))
                 problems[before:] = [located(p, h, r) for p in problems[before:]]
             if unit is not None:
                 units.append(unit)

@@ -16,11 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import defaultscache
 from ..errors import InputError, Problem
 from ..library import PACKAGED_ROLES
 from ..memory import EngineSettings, budget, recommendation_flags, suggest
 from ..memory.logparse import Measured
-from ..memory.modelfacts import ModelFacts, model_facts_from_dir, model_facts_from_mapping
+from ..memory.modelfacts import ModelFacts, model_facts_from_config, model_facts_from_dir, model_facts_from_mapping
 from ..model import Host, Inventory, Plan, Role, Unit
 from ..yamlsrc import LineMap
 from .calibrate import CalibrationStore
@@ -33,7 +34,9 @@ DEFAULT_STORE = Path(os.environ.get("GPUDEPLOY_CALIBRATION",
                                     Path.home() / ".local/state/gpudeploy/calibration.json"))
 
 
-def model_facts(role: Role, problems: list[Problem]) -> ModelFacts | None:
+def model_facts(role: Role, problems: list[Problem], host: str | None = None) -> ModelFacts | None:
+    """The role's ``model.facts``, else its model folder here, else what ``host``'s probe read of that
+    folder on the host (``defaultscache``: a model that lives only on the GPU node), else None."""
     facts = role.model.get("facts")
     path = role.model.get("path")
     try:
@@ -41,6 +44,9 @@ def model_facts(role: Role, problems: list[Problem]) -> ModelFacts | None:
             return model_facts_from_mapping(facts, where=role.file)
         if path and (Path(str(path)) / "config.json").is_file():
             return model_facts_from_dir(str(path))
+        kept = defaultscache.lookup_model(host, str(path)) if path and host else None
+        if kept is not None:
+            return model_facts_from_config(kept[0], kept[1], f"{host}:{path}/config.json", Path(str(path)).name)
     except InputError as exc:
         problems.extend(Problem(p.message, file=p.file or role.file, line=_fact_line(role, facts, p.key),
                                 role=role.name, key=f"model.facts.{p.key}" if p.key and isinstance(facts, dict)
@@ -54,6 +60,12 @@ def _fact_line(role: Role, facts: Any, key: str | None) -> int | None:
     if isinstance(facts, LineMap) and key in facts.key_lines:
         return facts.key_lines[key]
     return role.lines.get("model.facts", role.lines.get("model"))
+
+
+def gpu_mib(host: Host, gpus: tuple[int, ...]) -> float:
+    """The GPU memory SGLang reads for a unit (nvidia-smi's memory.total, the least of the host's
+    GPUs: utils/common.py get_nvgpu_memory_capacity), as the inventory gives NVML's figure."""
+    return min(host.gpu_memory_gib[g] for g in gpus) * 1024
 
 
 def merged_settings(settings: Mapping[str, Any], recommended: Mapping[str, Any]) -> dict[str, Any]:
@@ -96,17 +108,21 @@ def _measured_for(store: CalibrationStore | None, host: Host, role: Role,
 
 def unit_memory(host: Host, role: Role, gpus: tuple[int, ...], version: str, store: CalibrationStore | None,
                 problems: list[Problem], *, want_suggestions: bool = False, flags_release: str | None = None,
-                gpu_name: str | None = None, free_gib: float | None = None) -> dict[str, Any] | None:
+                gpu_name: str | None = None, free_gib: float | None = None,
+                argv: tuple[str, ...] = ()) -> dict[str, Any] | None:
     """The unit's memory preflight; ``flags_release`` spells the flags (the nearest captured release
-    when ``version`` was not captured); ``gpu_name``/``free_gib`` are NVML's at deploy."""
+    when ``version`` was not captured); ``gpu_name``/``free_gib`` are NVML's at deploy; ``argv``: the
+    unit's command line, whose release defaults an earlier deploy may have asked of the release
+    (``defaultscache``: then they are the release's own, else the captured rules' reading)."""
     if role.engine != "sglang" or not gpus:
         return None
-    facts = model_facts(role, problems)     # its problems are reported whatever the GPUs' memory
+    facts = model_facts(role, problems, host.name)  # its problems are reported whatever the GPUs' memory
     if any(g not in host.gpu_memory_gib for g in gpus):
         return None         # the inventory's problem with gpu_memory_gib is reported; no capacity to check
     if facts is None:
         return {"verdict": "unknown", "recommended": {},
-                "reason": "no model facts: the model dir is not readable here and the role has no model.facts"}
+                "reason": "no model facts: the model dir is not readable here, the role has no model.facts, "
+                          "and no deploy has read the model's config.json and safetensors index on the host yet"}
     try:
         settings = EngineSettings.from_settings(role.settings, role.tp_size, where=role.file)
     except InputError as exc:
@@ -115,7 +131,9 @@ def unit_memory(host: Host, role: Role, gpus: tuple[int, ...], version: str, sto
     capacity = min(host.gpu_memory_gib[g] for g in gpus) - CUDA_RESERVED_GIB
     model_id = str(role.model.get("path", role.name))
     measured, measured_settings = _measured_for(store, host, role, model_id)
-    kw: dict[str, Any] = {"release": version, "gpu_name": gpu_name, "free_gib": free_gib}
+    asked = (defaultscache.lookup("sglang", version, gpu_mib(host, gpus), defaultscache.launch_args(argv))
+             if argv else None)
+    kw: dict[str, Any] = {"release": version, "gpu_name": gpu_name, "free_gib": free_gib, "asked": asked}
     b = budget(capacity, facts, settings, measured, measured_settings, **kw)
     spelling = flags_release or version
 
@@ -284,7 +302,7 @@ def free_memory_problems(host: Host, units: list[Any], devices: list[dict[str, A
         tightest = min(seen, key=free_of)
         free = free_of(tightest)
         again = unit_memory(host, u.role, u.gpus, u.engine_version, store, [], flags_release=u.flags_release or None,
-                            gpu_name=str(tightest.get("name") or "") or None, free_gib=free)
+                            gpu_name=str(tightest.get("name") or "") or None, free_gib=free, argv=u.argv)
         if again and again.get("severity") == "refuse":
             out.append(f"GPU {tightest['index']} (for role {u.role.name}) has {free:.2f} GiB free by NVML; with "
                        f"that the memory preflight predicts {again['verdict']}: {again.get('reason')}. "
