@@ -9,7 +9,8 @@ it: gpudeploy's preflight estimates a tiny model's graphs), while 0.01 leaves no
 (the preflight refuses it, no launch). Token timing is the stand-in's: the figures are synthetic;
 what is checked is what the search does with them. Waits are conditions with deadlines.
 
-    1. a prefill-only change between two trials restarts prefill and leaves decode running;
+    1. a prefill-only change between two trials restarts prefill and leaves decode and the router
+       running (the same processes);
     2. the inventory's own decode (0.6, 160) is the first trial: it dies with its cause recorded, and
        its region (mem_fraction_static >= 0.6 with cuda_graph_max_bs >= 160) is never launched again;
        0.01 is refused without a launch;
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -61,10 +63,11 @@ def pd_roles(decode_settings: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {"pre": pre, "dec": dec, "rt": rt}
 
 
-def write(root: Path, inventory: Path, space: dict[str, Any], budget: dict[str, int]) -> Path:
+def write(root: Path, inventory: Path, space: dict[str, Any], budget: dict[str, int],
+          concurrency: tuple[int, ...] = (1, 2)) -> Path:
     doc = {"inventory": str(inventory), "results": str(root / "results"),
            "search": {"space": space, "objective": "output_tok_s_per_gpu", "budget": budget, "seed": 1},
-           "benchmark": {**CLIENT, "input_len": 16, "output_len": 8, "concurrency": [1, 2], "prompts": 6,
+           "benchmark": {**CLIENT, "input_len": 16, "output_len": 8, "concurrency": list(concurrency), "prompts": 6,
                          "warmup": 1, "timeout_s": 240}}
     root.mkdir(parents=True, exist_ok=True)
     path = root / "exp.yml"
@@ -103,14 +106,22 @@ def dec_point(row: dict[str, Any]) -> tuple[float, int]:
 
 def test_a_search_on_the_stand_in_prunes_learns_resumes_and_answers_with_files_that_deploy(
         deployments: Deployments, lab: Lab, tmp_path: Path) -> None:
-    # 1. Only what changed restarts between trials: two trials that differ in prefill alone.
+    # 1. Only what changed restarts between trials: two trials that differ in prefill alone (one level
+    #    each: what is checked here is what restarts, not the ladder).
     inv = deployments.inventory("tpre", pd_roles({"mem_fraction_static": 0.6, "cuda_graph_max_bs": 8}), host="lab2")
     first = write(tmp_path / "pre", inv, {"pre.settings.chunked_prefill_size": {"choices": [2048, 4096]}},
-                  {"launches": 2, "trials": 8})
+                  {"launches": 2, "trials": 8}, concurrency=(1,))
     res = tune("--file", str(first))
     out = res.stdout + res.stderr
     assert res.returncode == 0, out
-    assert "[lab2/dec] unchanged and healthy" in out, out  # decode kept running across the prefill change
+    # decode and the router kept running across the prefill change: each was started once (the first
+    # trial), and the second found that process unchanged and healthy (the router was restarted before)
+    for role in ("dec", "rt"):
+        started = re.findall(rf"\[lab2/{role}\] (?:re)?started \S+: MainPID (\d+)", out)
+        kept = re.findall(rf"\[lab2/{role}\] unchanged and healthy \(MainPID (\d+)\); not restarted", out)
+        assert len(started) == 1 and kept == started, (role, started, kept, out)
+    assert len(re.findall(r"\[lab2/pre\] (?:re)?started ", out)) == 2, out
+    assert "restarted after its engines" not in out, out
     assert "launches: 2 spent (2 measured, 0 failed)" in out, out
     for unit in ("gpudeploy-tpre.pre.service", "gpudeploy-tpre.dec.service", "gpudeploy-tpre.rt.service"):
         assert lab.ssh("lab2", f"systemctl is-active {unit} || true").stdout.strip() != "active", unit

@@ -32,7 +32,7 @@ from ..supervisor.process import PROCESS
 from ..supervisor.systemd import SYSTEMD
 from ..verify.group import GroupLinks, rank_words, root_cause
 from ..verify.liveness import live_urls, request_timeout
-from . import check, pair_roll, preflight, probe_stages, rolling, rollout, surges
+from . import check, pair_roll, preflight, probe_stages, rejoin, rolling, rollout, surges
 from .deploy import (
     Options,
     UnitOutcome,
@@ -363,16 +363,32 @@ def _run(plan: Plan, sessions: dict[str, HostSession], units: list[Unit], secret
             to_start.setdefault(u.host.name, []).append(u)
             say(f"[{u.host.name}/{u.role.name}] restarted with its group (another rank changed)")
 
-    # A router whose engines restart is restarted after them: its view of them is stale (the real
-    # sglang-router 0.3.2 kept their circuits open for 60 s and refused the smoke generation with
-    # "No available prefill workers (all circuits open or unhealthy)"). Restarting it is cheap.
+    # A router whose engines restart keeps running (rejoin.py): each restarting engine leaves it before
+    # it stops and joins again once ready, so the router forgets what it knew of the old one (the
+    # real sglang-router 0.3.2 kept a restarted engine's circuit open for 60 s). Only a router that
+    # does not answer its worker API is restarted after its engines, as before.
     restarting = {u.key for us in to_start.values() for u in us}
-    for u in units:
-        if u.role.engine == "sglang_router" and u.host.name in sessions and u not in to_start.get(u.host.name, []) \
-                and any(up.key in restarting for up, _ in upstreams_of(u, units)):
-            outcomes.pop(u.key, None)
-            to_start.setdefault(u.host.name, []).append(u)
-            say(f"[{u.host.name}/{u.role.name}] restarted after its engines (its view of them is stale)")
+    rejoins: list[rejoin.Rejoin] = []
+    for r in rejoin.kept_routers(units, restarting):
+        u = r.router
+        if u.host.name not in sessions or not ok(u):
+            continue
+        why = rejoin.leave(r, sessions[u.host.name].remote)
+        if not why:
+            rejoins.append(r)
+            say(f"[{u.host.name}/{u.role.name}] kept running: {', '.join(e.key for e, _ in r.engines)} left it "
+                "while restarting and join again once ready")
+            continue
+        outcomes.pop(u.key, None)
+        to_start.setdefault(u.host.name, []).append(u)
+        say(f"[{u.host.name}/{u.role.name}] restarted after its engines ({why}: its view of them would be stale)")
+
+    def join_again(ready: set[str]) -> None:
+        for r in rejoins:
+            if r.router.host.name in sessions and not cancel.is_set():
+                why = rejoin.join(r, sessions[r.router.host.name].remote, ready)
+                if why:
+                    deps[r.router.deployment].fail(why)
 
     def wave(routers: bool) -> None:
         links = GroupLinks(u for us in to_start.values() for u in us)
@@ -400,6 +416,7 @@ def _run(plan: Plan, sessions: dict[str, HostSession], units: list[Unit], secret
 
     _stop_before_start(sessions, units, stop_first, result, cancel)
     wave(routers=False)
+    join_again({k for k, o in outcomes.items() if o.ok and o.action in ("started", "restarted")})
     wave(routers=True)
 
     def smokes(s: HostSession) -> list[Unit]:
@@ -423,6 +440,7 @@ def _run(plan: Plan, sessions: dict[str, HostSession], units: list[Unit], secret
     _phase(sessions, smoke, units, result, cancel, only={n for n, s in sessions.items() if smokes(s)})
     _clean_up_failures(sessions, units, opts, result, outcomes, cancel)
     _restore_previous(sessions, units, opts, result, outcomes, cancel)
+    join_again({k for d in deps.values() if d.restored for k in d.running})  # back on their old files
     if kept:
         try:
             surges.put_away_now_ready([u for u in units if u.host.name in sessions and deps[u.deployment].ok],
