@@ -34,7 +34,7 @@ from typing import Any
 import pytest
 import yaml
 from conftest import Lab
-from deploytools import CALIBRATION, FLAGS_CACHE, REPO, Deployments, gd, standin_role, wait_for
+from deploytools import REPO, STORES, Deployments, gd, standin_role, wait_for
 
 from gpudeploy_lab import engine
 
@@ -134,7 +134,7 @@ def test_a_search_on_the_stand_in_prunes_learns_resumes_and_answers_with_files_t
         "dec.settings.cuda_graph_max_bs": {"choices": [8, 160]},
     }, {"launches": 4, "trials": 30})
     db = tmp_path / "main" / "results" / "experiment.sqlite"
-    env = {**os.environ, "GPUDEPLOY_CALIBRATION": str(CALIBRATION), "GPUDEPLOY_FLAGS_CACHE": str(FLAGS_CACHE)}
+    env = {**os.environ, **STORES}
     proc = subprocess.Popen([sys.executable, "-m", "invoke", "--search-root", str(REPO), "tune", "--file", str(path)],
                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
