@@ -46,6 +46,7 @@ class Tally:
     refused_plan: int = 0
     repeated: int = 0
     interrupted: int = 0
+    host_failed: int = 0  # stopped by a host's failure: neither a trial nor a launch of the budget
     spent_s: float = 0.0
 
     @property
@@ -58,6 +59,8 @@ class Tally:
         out = [f"launches: {self.launches} spent ({self.measured} measured, {failed} failed"
                + (f": {causes}" if causes else "")
                + (f"; {self.interrupted} interrupted and retried" if self.interrupted else "")
+               + (f"; {self.host_failed} stopped by a host's failure, not counted, retried"
+                  if self.host_failed else "")
                + f"); {self.saved} saved, refused without a launch ({self.refused_preflight} by the memory "
                f"preflight, {self.refused_learned} inside a region a failed launch showed)",
                f"trials: {self.trials} ({self.repeated} repeated a point already tried and were told its result"
@@ -76,11 +79,13 @@ def storage_url(path: Path) -> str:
     return f"sqlite:///{path.resolve()}"
 
 
-def retry_later(study: optuna.Study, number: int, params: dict[str, Any], wall_s: float, why: str) -> None:
-    """The trial ``number`` did not finish: failed in the study, its point queued to run first next time."""
+def retry_later(study: optuna.Study, number: int, params: dict[str, Any], wall_s: float, why: str,
+                outcome: str = "interrupted") -> None:
+    """The trial ``number`` did not finish (``outcome``: interrupted, or host-failed): failed in the study,
+    its point queued to run first next time."""
     _enqueue_once(study, params, number)
     trial = optuna.trial.Trial(study, _trial_id(study, number))
-    trial.set_user_attr(ATTR, {**info(study.get_trials(deepcopy=False)[number]), "outcome": "interrupted",
+    trial.set_user_attr(ATTR, {**info(study.get_trials(deepcopy=False)[number]), "outcome": outcome,
                                "reason": f"{why}; queued again, to run first", "wall_s": round(wall_s, 3)})
     study.tell(number, state=optuna.trial.TrialState.FAIL)
 
@@ -180,8 +185,11 @@ def tally_of(study: optuna.Study) -> Tally:
         outcome = info(t).get("outcome")
         if outcome is None:  # waiting (queued) or running now
             continue
-        out.trials += 1
         out.spent_s += float(info(t).get("wall_s") or 0.0)
+        if outcome == "host-failed":  # the host failed, not the point: the budget does not pay for it
+            out.host_failed += 1
+            continue
+        out.trials += 1
         if info(t).get("launched") and outcome != "interrupted":
             out.launches += 1  # (an interrupted launch gave nothing and runs again: the budget pays once)
         if outcome == "measured":

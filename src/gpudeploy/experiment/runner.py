@@ -74,6 +74,9 @@ class Outcome:
     failure: str | None = None
     cause: str | None = None  # the kind of the gate's (or the journal's) cause of a launch that died
     roles: frozenset[str] = frozenset()  # the role of the unit that died, and its role file
+    # the host whose failure ended the deploy (unreachable, ssh, a lost lock, shipping), not the variant's:
+    # a search stops on it rather than spend a launch and blame the point
+    host: str | None = None
 
 
 EXPERIMENT_AGAIN = "`invoke experiment --file {file} --resume`"  # what goes on from here (tune says its own)
@@ -274,9 +277,10 @@ def _variant(exp: Experiment, index: int, p: Planned, key: str, t: bench.Target,
     try:
         shipping = _ship(p, say)
         if shipping is not None:
-            store.finish_variant(key, "deploy-failed", failure=shipping)
-            say(f"== {v.name}: DEPLOY FAILED: {shipping}")
-            return Outcome("deploy-failed", shipping)
+            host, failure = shipping
+            store.finish_variant(key, "deploy-failed", failure=failure)
+            say(f"== {v.name}: DEPLOY FAILED: {failure}")
+            return Outcome("deploy-failed", failure, host=host)
         # kept up between variants, the deployment serves when the next deploys: never rolled through
         # its router (that needs room for a second copy), its changed units restarted plainly
         result = deploy(p.plan, Options(timeout_s=deploy_timeout_s, rolling="never" if keep_up else "auto"),
@@ -298,7 +302,9 @@ def _variant(exp: Experiment, index: int, p: Planned, key: str, t: bench.Target,
         store.finish_variant(key, "deploy-failed", failure=failure)
         say(f"== {v.name}: DEPLOY FAILED: {failure}")
         died = _first_death(outcomes)
-        return Outcome("deploy-failed", failure, died[0] if died else None, died[1] if died else frozenset())
+        broken = next((h for h, r in result.hosts.items() if isinstance(r, GpudeployError)), None)
+        return Outcome("deploy-failed", failure, died[0] if died else None, died[1] if died else frozenset(),
+                       host=broken)
     say(f"== {v.name}: ready in {deploy_s:.1f} s; benchmark through {t.through}"
         + (" (stand-in engines: synthetic token timing)" if t.synthetic else ""))
     # Said if Ctrl-C must end the command before it can report itself (interrupt.GRACE_S)
@@ -364,15 +370,15 @@ def teardown_deployment(p: Planned, say: Say) -> list[str]:
     return _teardown(p.plan, p.plan.units[0].deployment, say)
 
 
-def _ship(p: Planned, say: Say) -> str | None:
-    """The variant's files onto the hosts that run its units, before they start (ship.py); what went
-    wrong, or None."""
+def _ship(p: Planned, say: Say) -> tuple[str, str] | None:
+    """The variant's files onto the hosts that run its units, before they start (ship.py); the host
+    and what went wrong there, or None."""
     for host, bundle in p.shipped:
         try:
             with connect(host) as remote:
                 ship.upload(remote, bundle)
         except GpudeployError as exc:
-            return f"shipping {bundle.source} to {host.name} failed: {exc}"
+            return host.name, f"shipping {bundle.source} to {host.name} failed: {exc}"
         n = len(bundle.files)
         say(f"   shipped {bundle.source} ({n} file{'s' if n != 1 else ''}) to {host.name}:{bundle.folder}")
     return None

@@ -37,7 +37,7 @@ from typing import Any
 import optuna
 
 from .. import interrupt
-from ..errors import InputError, Problem
+from ..errors import GpudeployError, InputError, Problem
 from ..fanout import Interrupted
 from ..inventory import load_inventory
 from ..plan.calibrate import CalibrationStore
@@ -58,6 +58,18 @@ from .variants import Planned, plan_variants
 
 Say = runner.Say
 AGAIN = "`invoke tune --file {file}`"  # (gpudeploy tune outside gpudeploy's repository: the same task)
+
+
+class SearchStopped(GpudeployError):
+    """A host of the deployment failed (unreachable, ssh, a lost lock): the search stops, its study whole."""
+
+
+class _HostFailed(Exception):
+    """A trial's launch ended by a host's failure rather than the point's (runner.Outcome.host)."""
+
+    def __init__(self, host: str, failure: str, deployment: str) -> None:
+        super().__init__(failure)
+        self.host, self.failure, self.deployment = host, failure, deployment
 
 
 @dataclass
@@ -117,6 +129,13 @@ def _loop(exp: Experiment, search: Search, study: optuna.Study, store: Store,
         try:
             params = sample(trial, search)
             told = _trial(exp, search, trial, params, study, store, regions, calibration, deploy_timeout_s, say)
+        except _HostFailed as exc:
+            # The host failed, not the point: the next trials would fail the same way on it, each spending
+            # a launch and teaching the sampler a lie. Stop; the trial is failed uncounted, its point queued
+            # first (as Ctrl-C's), and the same command goes on once the host answers.
+            record.retry_later(study, trial.number, trial.params, time.monotonic() - started,
+                               f"host {exc.host} failed: {exc.failure}", outcome="host-failed")
+            raise SearchStopped(_host_stop(exp, search, study, trial.number, exc)) from None
         except BaseException as exc:
             interrupted = isinstance(exc, (KeyboardInterrupt, Interrupted))
             record.retry_later(study, trial.number, trial.params, time.monotonic() - started,
@@ -147,6 +166,20 @@ def _loop(exp: Experiment, search: Search, study: optuna.Study, store: Store,
         _end(last, say)
         interrupt.clear(note)
     return stop
+
+
+def _host_stop(exp: Experiment, search: Search, study: optuna.Study, number: int, exc: _HostFailed) -> str:
+    tally = record.tally_of(study)
+    dep = exc.deployment
+    why = exc.failure.removeprefix(f"host {exc.host} failed: ")  # (deploy's own words begin so)
+    return (f"tune {exp.name} stopped: trial {number}'s deploy failed because host {exc.host} failed: {why}\n"
+            f"this is the host's failure, not the point's: trial {number} is not counted and the sampler is not told "
+            f"it failed ({tally.launches} of the budget's {search.launches} launches spent, {tally.trials} "
+            f"trial{'s' if tally.trials != 1 else ''} done)\n"
+            f"once {exc.host} answers again, the same command goes on with the study, trial {number}'s point first: "
+            f"{AGAIN.format(file=shlex.quote(exp.file))}\n"
+            f"what the trials left running: "
+            f"`invoke status --inventory {shlex.quote(exp.inventory)} --deployment {dep}`")
 
 
 def _end(last: Planned, say: Say) -> None:
@@ -222,6 +255,8 @@ def _trial(exp: Experiment, search: Search, trial: optuna.Trial, params: dict[st
     trial.set_user_attr(record.ATTR, {**base, "launched": True})  # spent from here on, also if it is interrupted
     out = runner.run_variant(exp, index, p, key, store, calibration=calibration, deploy_timeout_s=deploy_timeout_s,
                              keep_up=True, again=AGAIN, say=say)
+    if out.host is not None:
+        raise _HostFailed(out.host, out.failure or f"host {out.host} failed", p.plan.units[0].deployment)
     attrs = {**base, "outcome": out.status, "launched": True}
     if out.status == "measured":
         ev = objective.evaluate(runner.levels_of(store, key), exp.slo, search.objectives)
@@ -268,7 +303,7 @@ def _budget_stop(search: Search, tally: record.Tally, study: optuna.Study) -> st
         return f"the budget's {search.hours:g} hours are spent"
     size = space_size(search)
     tried = {record.info(t).get("key") for t in study.get_trials(deepcopy=False) if record.info(t).get("outcome")
-             not in (None, "interrupted")}
+             not in (None, "interrupted", "host-failed")}
     if size is not None and len(tried - {None}) >= size:
         return f"every point of the space ({size}) has been tried"
     return None
