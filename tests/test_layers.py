@@ -84,7 +84,8 @@ def test_k8s_renders_from_the_plan_and_touches_nothing() -> None:
 
 def test_the_memory_model_is_pure() -> None:
     """memory/ is the startup-memory model: it reads nothing but its inputs (and a model directory's
-    config.json and its checkpoint's safetensors index or headers when asked), so it imports no other folder of the package but the error tree; plan/
+    config.json and its checkpoint's safetensors index or headers when asked),
+    so it imports no other folder of the package but the error tree; plan/
     calls it, never the other way round."""
     graph = _imports()
     modules = set(graph)
