@@ -267,8 +267,8 @@ def gate(sp: SlurmPlan, login: Transport, job: str, watches: list[StepWatch], de
         if all(w.healthy for w in watches):
             return Outcome(True, job, "every step healthy")
         if clock.now() >= deadline:
-            waiting = ", ".join(f"{w.step.name} ({w.id or 'not started'})" for w in watches if not w.healthy)
-            return Outcome(False, job, f"timed out waiting for /health of {waiting}")
+            unhealthy = ", ".join(f"{w.step.name} ({w.id or 'not started'})" for w in watches if not w.healthy)
+            return Outcome(False, job, f"timed out waiting for /health of {unhealthy}")
         clock.sleep(POLL_S)
 
 
