@@ -249,13 +249,13 @@ def status(c: Context, inventory: str | None = None, host: str | None = None, ro
     inventory = inventory_path(inventory)
     from ..slurm.inventory import is_slurm
 
+    if watch and json_:
+        raise Exit("gpudeploy: --watch is a live view and --json one document: use one of them", code=1)
     if is_slurm(inventory):  # a Slurm target: the recorded job (slurm/)
         from ..slurm.cli import status as slurm_status
 
-        return slurm_status(inventory, json_=json_)
+        return slurm_status(inventory, json_=json_, watch=watch)
     set_forks(forks)
-    if watch and json_:
-        raise Exit("gpudeploy: --watch is a live view and --json one document: use one of them", code=1)
     read = read_inventory(inventory)
     early = None
     if not (watch or role is not None or deployment is not None or read[1]):

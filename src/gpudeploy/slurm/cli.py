@@ -44,12 +44,18 @@ def deploy(inventory: str, *, check: bool, timeout_s: float | None, keep_on_fail
         raise Exit(code=1)
 
 
-def status(inventory: str, *, json_: bool) -> None:
+def status(inventory: str, *, json_: bool, watch: bool = False) -> None:
     from ..remote import connect
     from .plan import load_slurm_plan
     from .status import status_text
 
     sp = load_slurm_plan(inventory, memory=False)
+    if watch:
+        from .watch import watch as run_watch
+
+        with connect(sp.inv.target.login) as login:  # ONE connection for the whole watch
+            run_watch(sp, login, sys.stdout)
+        return
     with connect(sp.inv.target.login) as login:
         text, ok = status_text(sp, login)
     if json_:
