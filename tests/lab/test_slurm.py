@@ -158,11 +158,13 @@ def test_a_killed_step_is_named_with_its_cause_by_the_watch(deployed: dict[str, 
     reader = threading.Thread(target=lambda: lines.extend((time.monotonic(), x) for x in watcher.stdout or ()),
                               daemon=True)
     reader.start()
+    started = time.monotonic()
     try:
-        poll("the watch's first look", lambda: any("watching job" in x for _, x in lines) or None, 60)
         listed = slurm_lab.ssh(f"scontrol listpids {step}", host=node, check=True).stdout.splitlines()[1:]
         pids = [line.split()[0] for line in listed if line.split() and line.split()[0].isdigit()]
         assert pids, listed
+        poll("the watch's first look", lambda: any("watching job" in x for _, x in lines) or None, 60)
+        print(f"status --watch: its first look after {time.monotonic() - started:.2f} s", file=sys.stderr)
         sent = time.monotonic()  # the ssh to the node that runs kill is a new connection: its time counts
         slurm_lab.ssh(f"kill -9 {' '.join(pids)}", host=node, check=True)
         returned = time.monotonic()
@@ -171,21 +173,30 @@ def test_a_killed_step_is_named_with_its_cause_by_the_watch(deployed: dict[str, 
                                   None), 30)
         poll("its cause", lambda: any("cause: " in x for t, x in lines if t >= named) or None, 5)
     finally:
+        stopping = time.monotonic()
         watcher.send_signal(signal.SIGINT)
         try:
             watcher.wait(10)
         except subprocess.TimeoutExpired:
             watcher.kill()
+        print(f"status --watch: ended {time.monotonic() - stopping:.2f} s after Ctrl-C", file=sys.stderr)
     text = "".join(x for _, x in lines)
+    print(text, file=sys.stderr)
     print(f"kill -9 -> status --watch naming step {step}: {named - sent:.2f} s from sending the kill "
           f"(ssh to the node), {named - returned:.2f} s from its ssh returning", file=sys.stderr)
     assert f"step {step} gpudeploy-slurmpd.decode: RUNNING -> CANCELLED: killed by signal 9" in text, text
     assert "cause: the server exited (CANCELLED: killed by signal 9)" in text, text
     assert "stopped watching (Ctrl-C)" in text, text
-    got = gpudeploy("status", "-i", str(INVENTORY))
-    assert got.returncode == 1
-    assert f"step {step} gpudeploy-slurmpd.decode: CANCELLED: killed by signal 9" in got.stdout, got.stdout
-    assert f"job {job} RUNNING" in got.stdout  # the other steps live on
+    from gpudeploy.remote import connect
+    from gpudeploy.slurm.plan import load_slurm_plan
+    from gpudeploy.slurm.status import status_text
+
+    sp = load_slurm_plan(str(INVENTORY), memory=False)
+    with connect(sp.inv.target.login) as login:
+        text, ok = status_text(sp, login)
+    assert not ok
+    assert f"step {step} gpudeploy-slurmpd.decode: CANCELLED: killed by signal 9" in text, text
+    assert f"job {job} RUNNING" in text  # the other steps live on
 
 
 def test_teardown_leaves_no_job_step_or_server(deployed: dict[str, object], slurm_lab: SlurmLab) -> None:

@@ -97,12 +97,13 @@ class Login:
         if argv[0] == "cat":
             return Result(0, self.files.get(argv[1], ""), "") if argv[1] in self.files else Result(1, "", "")
         if argv[:2] == ["bash", "-c"]:
-            self.looks += 1
+            self.looks += len(argv) > 6  # the watch's rounds (status's own look asks for no output)
             alive = self.looks < 3
             steps = "7.0|gpudeploy-t1.a|slurmn1\n" if alive else ""
             acct = "7.0|gpudeploy-t1.a|" + ("RUNNING|0:0" if alive else "CANCELLED|0:9") + "|slurmn1\n"
             data = base64.b64encode(b"Load weight begin\n" if self.looks == 1 else b"").decode()
-            return Result(0, f"@job\nRUNNING|None|x|slurmn1\n@steps\n{steps}@sacct\n{acct}@out 0 18\n{data}\n", "")
+            out = f"@out 0 18\n{data}\n" if len(argv) > 6 else ""
+            return Result(0, f"@job\nRUNNING|None|x|slurmn1\n@steps\n{steps}@sacct\n{acct}{out}", "")
         if argv[0] == "squeue" and "-s" in argv:
             return Result(0, "7.0|gpudeploy-t1.a|slurmn1\n", "")
         if argv[0] == "squeue":

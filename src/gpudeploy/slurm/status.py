@@ -12,6 +12,7 @@ from ..verify.causes import classify, log_format
 from ..verify.http import status_of
 from . import queue
 from .job import HEALTH_TIMEOUT_S, Clock, resolve
+from .look import look
 from .plan import SlurmPlan
 from .record import forget, read_record
 from .script import Step, output_file
@@ -30,11 +31,9 @@ def status_text(sp: SlurmPlan, login: Transport) -> tuple[str, bool]:
     record = read_record(login, sp.inv.target, sp.deployment)
     if record is None:
         return f"deployment {sp.deployment}: no job recorded in {sp.inv.target.output_dir} (not deployed)", True
-    job = queue.parse_job(login.run(queue.job_argv(record.job), check=False, timeout=30).stdout)
-    acct_all = queue.parse_sacct(login.run(queue.sacct_argv(record.job), check=False, timeout=30).stdout)
+    seen = look(login, record.job, [])  # the job, its steps and sacct's rows: one remote command
+    job, acct_all, running, acct = seen.job, seen.acct, seen.running, seen.ended()
     job_state = job.state if job is not None else acct_all[record.job].state if record.job in acct_all else "GONE"
-    running = queue.parse_steps(login.run(queue.steps_argv(record.job), check=False, timeout=30).stdout)
-    acct = {r.name: r for r in acct_all.values() if "." in r.id}
     head = ("DEPLOYMENT", "JOB", "STEP", "NAME", "NODE", "STATE", "HEALTH", "ROUTER")
     rows: list[tuple[str, ...]] = []
     notes: list[str] = []
