@@ -6,6 +6,7 @@ order), how a dead step is named, and that teardown cancels the recorded job id 
 from __future__ import annotations
 
 import base64
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -286,3 +287,29 @@ def test_a_step_whose_output_stops_moving_is_named_stalled(planned: SlurmPlan, t
     assert "step 3.0 gpudeploy-t1.a of job 3 on slurmn1: stalled" in out.message
     assert "cause: stalled in loading weights for 2 s" in out.message
     assert any(s.startswith("step 3.0 gpudeploy-t1.a: STALLED: stalled in loading weights") for s in said)
+
+
+def test_status_asks_every_steps_health_at_once(planned: SlurmPlan, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SGLang's /health generates a token (about 1 s): status asks the steps side by side, so it takes
+    one answer's time, not one per step. (Each answer here waits until the other was asked too.)"""
+    both = threading.Barrier(2)
+
+    def health(url: str, *a: object, **k: object) -> int | None:
+        try:
+            both.wait(timeout=5)
+        except threading.BrokenBarrierError:
+            return None
+        return 200
+    monkeypatch.setattr("gpudeploy.slurm.status.status_of", health)
+
+    def answer(argv: list[str]) -> tuple[int, str]:
+        if argv[0] == "squeue" and "-s" in argv:
+            return 0, "5.0|gpudeploy-t1.a|slurmn1\n5.1|gpudeploy-t1.b|slurmn1\n"
+        if argv[0] == "squeue":
+            return 0, "RUNNING|None|x|slurmn1\n"
+        return 0, ""
+    login: Any = FakeLogin(answer)
+    login.files["/shared/gd/t1/run.json"] = (b'{"job": "5", "deployment": "t1", "submitted_at": 1, '
+                                             b'"nodes": ["slurmn1"]}')
+    text, ok = status_text(planned, login)
+    assert ok, text
