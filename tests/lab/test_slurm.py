@@ -118,6 +118,13 @@ def test_status_shows_job_steps_and_health(deployed: dict[str, object], slurm_la
     assert rows["gpudeploy-slurmpd.lab-router"][7:] == ["2/2", "workers", "healthy"]
 
 
+def test_logs_shows_the_steps_own_output(deployed: dict[str, object], slurm_lab: SlurmLab) -> None:
+    got = gpudeploy("logs", "-i", str(INVENTORY), "-r", "decode")
+    assert got.returncode == 0, got.stdout + got.stderr
+    assert "The server is fired up and ready to roll!" in got.stdout, got.stdout
+    assert ":30010" in got.stdout  # decode's port: its own file, not prefill's
+
+
 def test_a_job_that_cannot_get_its_gpus_says_why_and_a_second_deployment_survives(
         deployed: dict[str, object], slurm_lab: SlurmLab) -> None:
     tmp = Path(str(deployed["tmp"]))

@@ -366,6 +366,12 @@ def teardown(c: Context, inventory: str | None = None, host: str | None = None, 
 def logs(c: Context, host: str | None = None, role: str | None = None, inventory: str | None = None,
          follow: bool = False) -> None:
     """The journal of the unit's current run only (never lines of earlier runs): gpudeploy logs -H HOST -r ROLE."""
+    from ..slurm.inventory import is_slurm
+
+    if role is not None and is_slurm(inventory_path(inventory)):  # a step's output file of the recorded job
+        from ..slurm.cli import logs as slurm_logs
+
+        return slurm_logs(inventory_path(inventory), host=host, role=role, follow=follow)
     if host is None or role is None:
         raise Exit("gpudeploy: logs needs --host HOST and --role ROLE (one unit), e.g. gpudeploy logs -H node171 "
                    "-r decode", code=1)
