@@ -11,6 +11,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+from gpudeploy.errors import HostUnreachable
 from gpudeploy.remote.base import Result
 from gpudeploy.slurm import watch as watchmod
 from gpudeploy.slurm.look import Look, Reader
@@ -134,3 +135,47 @@ def test_the_watch_prints_the_whole_status_then_the_death_with_its_cause(tmp_pat
     assert "step 7.0 gpudeploy-t1.a: RUNNING -> CANCELLED: killed by signal 9" in changes[0]
     assert "cause: the server exited (CANCELLED: killed by signal 9)" in text
     assert "    | Load weight begin" in text
+
+
+class Flaky(Login):
+    """A login node whose connection breaks at the second round and opens again on the next try."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.broke = False
+        self.opened = 0
+
+    def run(self, argv: list[str], **kw: object) -> Result:
+        if argv[:2] == ["bash", "-c"] and len(argv) > 6 and self.looks == 1 and not self.broke:
+            self.broke = True
+            raise HostUnreachable("login", "connection lost")
+        return super().run(argv, **kw)
+
+    def close(self) -> None:
+        pass
+
+    def open(self) -> None:
+        self.opened += 1
+
+
+def test_a_broken_connection_is_said_opened_again_and_the_death_still_named(tmp_path: Path, monkeypatch: Any) -> None:
+    monkeypatch.setattr(watchmod, "POLL_S", 0.01)
+    monkeypatch.setattr(watchmod, "RECONNECT_S", (0.01, 0.01))
+    monkeypatch.setattr(watchmod, "status_of", lambda *a, **k: 200)
+    monkeypatch.setattr("gpudeploy.slurm.status.status_of", lambda *a, **k: 200)
+    sp, login, out, stop = planned(tmp_path), Flaky(), io.StringIO(), threading.Event()
+    worker = threading.Thread(target=watchmod.watch, args=(sp, login, out, stop))
+    worker.start()
+    try:
+        deadline = 200
+        while "CANCELLED" not in out.getvalue() and deadline:
+            stop.wait(0.02)
+            deadline -= 1
+    finally:
+        stop.set()
+        worker.join(10)
+    text = out.getvalue()
+    assert "login node 10.232.0.10: login: connection lost; trying again" in text, text
+    assert "login node 10.232.0.10: reachable again" in text
+    assert login.opened == 1
+    assert "step 7.0 gpudeploy-t1.a: RUNNING -> CANCELLED: killed by signal 9" in text

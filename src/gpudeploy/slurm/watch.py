@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import TextIO
 
 from ..controlchars import printable
+from ..errors import RemoteError
 from ..model import Unit
 from ..remote.base import Transport
 from ..verify.causes import classify, log_format
@@ -36,6 +37,7 @@ from .status import status_text
 
 POLL_S = 0.25  # a round: one exec over the open connection (~0.1 s on the lab's cluster)
 HEALTH_POLL_S = 2.0
+RECONNECT_S = (1.0, 10.0)
 GRACE_S = 0.6  # a step gone from squeue -s before sacct calls it ended: how long to wait for sacct's words
 
 
@@ -136,6 +138,24 @@ def follow_health(w: Watch, login: Transport, stop: threading.Event) -> None:
         stop.wait(HEALTH_POLL_S)
 
 
+def say(out: TextIO, change: str) -> None:
+    out.write(f"{time.strftime('%H:%M:%S')} {printable(change, lines=True)}\n")
+    out.flush()
+
+
+def reopen(login: Transport, stop: threading.Event) -> bool:
+    """The login node's connection opened again, tried after 1 s, backing off to 10 s; False: stopped."""
+    wait = RECONNECT_S[0]
+    while not stop.wait(wait):
+        try:
+            login.close()
+            login.open()
+            return True
+        except RemoteError:
+            wait = min(wait * 2, RECONNECT_S[1])
+    return False
+
+
 def watch(sp: SlurmPlan, login: Transport, out: TextIO, stop: threading.Event | None = None,
           now: Callable[[], float] = time.monotonic) -> None:
     """Until Ctrl-C (KeyboardInterrupt, raised on) or ``stop``: the whole status once, then each change."""
@@ -157,7 +177,13 @@ def watch(sp: SlurmPlan, login: Transport, out: TextIO, stop: threading.Event | 
         first = True
         while not stop.is_set():
             due = now() + POLL_S
-            seen = look(login, record.job, w.outputs())
+            try:
+                seen = look(login, record.job, w.outputs())
+            except RemoteError as exc:  # the connection broke: said, then opened again (the job is Slurm's)
+                say(out, f"login node {sp.inv.target.login.address}: {exc}; trying again")
+                if reopen(login, stop):
+                    say(out, f"login node {sp.inv.target.login.address}: reachable again")
+                continue
             if not nodes and seen.job is not None and seen.job.nodelist:
                 nodes = hostnames(login, seen.job.nodelist)
             for f in w.steps:
@@ -165,9 +191,8 @@ def watch(sp: SlurmPlan, login: Transport, out: TextIO, stop: threading.Event | 
                     f.unit = resolve(f.step.unit, nodes)
             changes = w.update(seen, now())
             if not first:  # the first round repeats what the whole status just said
-                stamp = time.strftime("%H:%M:%S")
-                out.write("".join(f"{stamp} {printable(c, lines=True)}\n" for c in changes))
-                out.flush()
+                for c in changes:
+                    say(out, c)
             elif not health.is_alive():
                 health.start()
             first = False
