@@ -158,6 +158,32 @@ def test_a_killed_step_is_named_with_its_id_state_and_output(planned: SlurmPlan,
     assert ["scancel", "7"] in login.ran
 
 
+def test_a_killed_step_whose_sacct_row_lags_is_still_named_with_sacct_s_words(
+        planned: SlurmPlan, monkeypatch: pytest.MonkeyPatch) -> None:
+    """squeue -s drops a killed step before slurmdbd has its end: the gate waits for sacct's words
+    (a short grace) rather than naming it a bare "ended"."""
+    monkeypatch.setattr(jobmod, "status_of", lambda *a, **k: None)
+    polls = {"n": 0}
+
+    def answer(argv: list[str]) -> tuple[int, str]:
+        if argv[0] == "sbatch":
+            return 0, "7\n"
+        if argv[:3] == ["scontrol", "show", "hostnames"]:
+            return 0, "slurmn1\n"
+        if argv[0] == "squeue" and "-s" in argv:
+            polls["n"] += 1
+            return 0, "7.0|gpudeploy-t1.b|slurmn1\n" + ("7.1|gpudeploy-t1.a|slurmn1\n" if polls["n"] < 3 else "")
+        if argv[0] == "squeue":
+            return 0, "RUNNING|None|x|slurmn1\n"
+        if argv[0] == "sacct":  # its end reaches sacct two polls after squeue -s dropped it
+            return 0, "7.1|gpudeploy-t1.a|" + ("CANCELLED|0:9" if polls["n"] >= 5 else "RUNNING|0:0") + "|slurmn1\n"
+        return 1, ""
+    out = deploy(planned, FakeLogin(answer), Options(), lambda s: None, clock=Ticks())  # type: ignore[arg-type]
+    assert out.message.startswith("step 7.1 gpudeploy-t1.a of job 7 on slurmn1: CANCELLED: killed by signal 9"), \
+        out.message
+    assert polls["n"] == 5
+
+
 def test_each_gate_poll_is_one_remote_command_for_every_step(planned: SlurmPlan,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """A dead step is seen one round trip after its death, however many steps: the job, its steps,

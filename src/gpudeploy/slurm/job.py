@@ -33,6 +33,7 @@ from .record import RunRecord, forget, read_record, write_record
 from .script import Step, deployment_dir, output_file
 
 POLL_S = 0.25
+SACCT_GRACE_S = 0.6  # a step gone from squeue -s: how long its sacct row may take to say how it ended
 HEALTH_TIMEOUT_S = 2.0
 Say = Callable[[str], None]
 
@@ -64,6 +65,7 @@ class StepWatch:
     healthy: bool = False
     phase: str = "starting"
     quiet: stall.Clock | None = None  # when the step's output last moved (set once it runs)
+    gone_since: float | None = None  # when it left squeue -s while sacct did not call it ended yet
 
 
 @dataclass(frozen=True)
@@ -251,8 +253,15 @@ def gate(sp: SlurmPlan, login: Transport, job: str, watches: list[StepWatch], de
             stalled = watch_progress(w, new, fmt, clock, say)
             if stalled is not None:
                 return Outcome(False, job, step_failed(w, job, "stalled", stalled.cause()))
-            if (ended is not None and queue.terminal(ended.state)) or (w.seen_running and row is None):
-                death = queue.step_death(ended) if ended is not None else "ended"
+            over = ended is not None and queue.terminal(ended.state)
+            if not over and w.seen_running and row is None:  # gone from squeue -s; sacct's words may lag
+                w.gone_since = w.gone_since if w.gone_since is not None else clock.now()
+                over = clock.now() - w.gone_since >= SACCT_GRACE_S
+                if not over:
+                    continue
+            if over:
+                death = queue.step_death(ended) if ended is not None and queue.terminal(ended.state) else \
+                    "ended (no longer in squeue -s; sacct has no end for it yet)"
                 cause = classify(w.lines, w.unit.role.settings, exited=True, exit_status=death, fmt=fmt)
                 said = srun_said(login, sp, job, w.id)
                 srun = "\n".join(f"    | {x}" for x in said)
