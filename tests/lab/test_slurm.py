@@ -1,6 +1,7 @@
 """gpudeploy on the lab's real Slurm cluster (slurm_lab): a PD pair and the real router deployed as
-one job answer a generation through the router; status shows the job, its steps and their health; a
-step killed on its node is named with its cause; a job that cannot get its GPUs says Slurm's reason;
+one job answer a generation through the router; status shows the job, its steps and their health; logs
+shows a step's own output; a step killed on its node while status --watch runs is named by the watch
+with its cause (the seconds from the kill printed); a job that cannot get its GPUs says Slurm's reason;
 teardown of one deployment leaves no job, step or server of it and never touches another's job; a
 bad inventory gets file:line errors and submits nothing.
 
