@@ -179,3 +179,12 @@ def test_a_broken_connection_is_said_opened_again_and_the_death_still_named(tmp_
     assert "login node 10.232.0.10: reachable again" in text
     assert login.opened == 1
     assert "step 7.0 gpudeploy-t1.a: RUNNING -> CANCELLED: killed by signal 9" in text
+
+
+def test_a_router_that_drops_a_worker_is_said(tmp_path: Path) -> None:
+    w = follow(tmp_path)
+    w.update(running(), 0.0)
+    w.routers["gpudeploy-t1.a"] = "2/2 workers healthy"
+    assert w.update(running(), 0.25) == []  # the first view: the whole status said it
+    w.routers["gpudeploy-t1.a"] = "1/2 workers healthy"
+    assert w.update(running(), 0.5) == ["step 7.0 gpudeploy-t1.a: router: 2/2 workers healthy -> 1/2 workers healthy"]

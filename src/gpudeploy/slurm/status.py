@@ -67,7 +67,7 @@ def _health(unit: Unit, login: Transport) -> tuple[str, str]:
     """A running step's health word, and a router's view of its workers."""
     code = status_of(unit.health_url, HEALTH_TIMEOUT_S, via=login)
     health = "ok" if code == 200 else f"HTTP {code}" if code is not None else "no answer"
-    router = _router_view(unit, login) if unit.role.engine == "sglang_router" and code == 200 else "-"
+    router = router_view(unit, login) if unit.role.engine == "sglang_router" and code == 200 else "-"
     return health, router
 
 
@@ -82,7 +82,7 @@ def ended_note(login: Transport, step: Step, ended: queue.StepRow, job: str, sp:
     return text + (f"\n{cause.render()}" if cause is not None else "")
 
 
-def _router_view(router: Unit, login: Transport) -> str:
+def router_view(router: Unit, login: Transport) -> str:
     from ..verify.router_api import workers
 
     listed = workers(router, login)

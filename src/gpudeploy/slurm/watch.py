@@ -33,7 +33,7 @@ from .look import Look, Reader, look
 from .plan import SlurmPlan
 from .record import read_record
 from .script import Step, output_file
-from .status import status_text
+from .status import router_view, status_text
 
 POLL_S = 0.25  # a round: one exec over the open connection (~0.1 s on the lab's cluster)
 HEALTH_POLL_S = 2.0
@@ -53,6 +53,7 @@ class Followed:
     state: str = "-"  # "-" before it runs, RUNNING, or how it ended (queue.step_death)
     gone_since: float | None = None  # when it left squeue -s while sacct still called it running
     health: str = "-"
+    router: str = ""  # a router's view of its workers ("": not known yet)
     failed: str = ""  # a fatal cause its output showed while it ran (said once)
 
 
@@ -64,6 +65,7 @@ class Watch:
     steps: list[Followed]
     job_state: str = ""
     health: dict[str, str] = field(default_factory=dict)  # step name -> the health thread's last word
+    routers: dict[str, str] = field(default_factory=dict)  # a router step's name -> its view of its workers
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def outputs(self) -> list[tuple[str, int]]:
@@ -117,6 +119,11 @@ class Watch:
                 if word != f.health and f.state == "RUNNING" and word != "-" and (f.health, word) != ("-", "ok"):
                     out.append(f"step {f.id} {f.step.name}: health {f.health} -> {word}")
                 f.health = word if f.state == "RUNNING" else "-"
+                view = self.routers.get(f.step.name, "")
+                if view and f.state == "RUNNING" and view != f.router:
+                    if f.router:  # the first view is what the whole status already said
+                        out.append(f"step {f.id} {f.step.name}: router: {f.router} -> {view}")
+                    f.router = view
         return out
 
 
@@ -131,10 +138,14 @@ def follow_health(w: Watch, login: Transport, stop: threading.Event) -> None:
             if f.state == "RUNNING" and f.unit is not None and not stop.is_set():
                 try:
                     word = health_word(status_of(f.unit.health_url, HEALTH_TIMEOUT_S, via=login))
+                    # a router that drops a worker (or takes one back) is said, as on the SSH path
+                    view = router_view(f.unit, login) if word == "ok" and f.unit.role.engine == "sglang_router" else ""
                 except Exception as exc:  # the connection broke: the rounds say so; the thread must not die
-                    word = f"not asked ({type(exc).__name__})"
+                    word, view = f"not asked ({type(exc).__name__})", ""
                 with w.lock:
                     w.health[f.step.name] = word
+                    if view:
+                        w.routers[f.step.name] = view
         stop.wait(HEALTH_POLL_S)
 
 
