@@ -1,6 +1,7 @@
 """gpudeploy on the lab's real Slurm cluster (slurm_lab): a PD pair and the real router deployed as
-one job answer a generation through the router; status shows the job, its steps and their health; a
-step killed on its node is named with its cause; a job that cannot get its GPUs says Slurm's reason;
+one job answer a generation through the router; status shows the job, its steps and their health; logs
+shows a step's own output; a step killed on its node while status --watch runs is named by the watch
+with its cause (the seconds from the kill printed); a job that cannot get its GPUs says Slurm's reason;
 teardown of one deployment leaves no job, step or server of it and never touches another's job; a
 bad inventory gets file:line errors and submits nothing.
 
@@ -12,8 +13,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -116,6 +119,13 @@ def test_status_shows_job_steps_and_health(deployed: dict[str, object], slurm_la
     assert rows["gpudeploy-slurmpd.lab-router"][7:] == ["2/2", "workers", "healthy"]
 
 
+def test_logs_shows_the_steps_own_output(deployed: dict[str, object], slurm_lab: SlurmLab) -> None:
+    got = gpudeploy("logs", "-i", str(INVENTORY), "-r", "decode")
+    assert got.returncode == 0, got.stdout + got.stderr
+    assert "The server is fired up and ready to roll!" in got.stdout, got.stdout
+    assert ":30010" in got.stdout  # decode's port: its own file, not prefill's
+
+
 def test_a_job_that_cannot_get_its_gpus_says_why_and_a_second_deployment_survives(
         deployed: dict[str, object], slurm_lab: SlurmLab) -> None:
     tmp = Path(str(deployed["tmp"]))
@@ -142,39 +152,59 @@ def test_a_job_that_cannot_get_its_gpus_says_why_and_a_second_deployment_survive
     assert job_state(slurm_lab, record(slurm_lab, "slurmpd")["job"]) == "RUNNING"
 
 
-def test_a_killed_step_is_named_with_its_cause(deployed: dict[str, object], slurm_lab: SlurmLab) -> None:
-    """kill -9 of a step's process (its PID from scontrol listpids on its node): Slurm's accounting
-    says so (sacct CANCELLED 0:9) and status names the step, its state and the cause from its output."""
+def test_a_killed_step_is_named_with_its_cause_by_the_watch(deployed: dict[str, object], slurm_lab: SlurmLab) -> None:
+    """kill -9 of a step's process (its PID from scontrol listpids on its node) while ``status --watch``
+    runs: the watch names that step, how Slurm saw it end and the cause from its output; status
+    then says the same. The seconds from the kill to the watch's line are printed, never asserted."""
+    rec = record(slurm_lab, "slurmpd")
+    job, step = rec["job"], rec["steps"]["gpudeploy-slurmpd.decode"]  # type: ignore[index]
+    node = rec["nodes"][0]  # type: ignore[index]
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    watcher = subprocess.Popen([sys.executable, "-m", "gpudeploy.cli", "status", "--watch", "-i", str(INVENTORY)],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO)
+    lines: list[tuple[float, str]] = []
+    reader = threading.Thread(target=lambda: lines.extend((time.monotonic(), x) for x in watcher.stdout or ()),
+                              daemon=True)
+    reader.start()
+    started = time.monotonic()
+    try:
+        listed = slurm_lab.ssh(f"scontrol listpids {step}", host=node, check=True).stdout.splitlines()[1:]
+        pids = [line.split()[0] for line in listed if line.split() and line.split()[0].isdigit()]
+        assert pids, listed
+        poll("the watch's first look", lambda: any("watching job" in x for _, x in lines) or None, 60)
+        print(f"status --watch: its first look after {time.monotonic() - started:.2f} s", file=sys.stderr)
+        sent = time.monotonic()  # the ssh to the node that runs kill is a new connection: its time counts
+        slurm_lab.ssh(f"kill -9 {' '.join(pids)}", host=node, check=True)
+        returned = time.monotonic()
+        named = poll("the watch naming the killed step",
+                     lambda: next((t for t, x in lines if f"step {step} gpudeploy-slurmpd.decode: RUNNING ->" in x),
+                                  None), 30)
+        poll("its cause", lambda: any("cause: " in x for t, x in lines if t >= named) or None, 5)
+    finally:
+        stopping = time.monotonic()
+        watcher.send_signal(signal.SIGINT)
+        try:
+            watcher.wait(10)
+        except subprocess.TimeoutExpired:
+            watcher.kill()
+        print(f"status --watch: ended {time.monotonic() - stopping:.2f} s after Ctrl-C", file=sys.stderr)
+    text = "".join(x for _, x in lines)
+    print(text, file=sys.stderr)
+    print(f"kill -9 -> status --watch naming step {step}: {named - sent:.2f} s from sending the kill "
+          f"(ssh to the node), {named - returned:.2f} s from its ssh returning", file=sys.stderr)
+    assert f"step {step} gpudeploy-slurmpd.decode: RUNNING -> CANCELLED: killed by signal 9" in text, text
+    assert "cause: the server exited (CANCELLED: killed by signal 9)" in text, text
+    assert "stopped watching (Ctrl-C)" in text, text
     from gpudeploy.remote import connect
-    from gpudeploy.slurm.job import step_ids
     from gpudeploy.slurm.plan import load_slurm_plan
     from gpudeploy.slurm.status import status_text
 
-    rec = record(slurm_lab, "slurmpd")
-    step = rec["steps"]["gpudeploy-slurmpd.decode"]  # type: ignore[index]
-    node = rec["nodes"][0]  # type: ignore[index]
-    listed = slurm_lab.ssh(f"scontrol listpids {step}", host=node, check=True).stdout.splitlines()[1:]
-    pids = [line.split()[0] for line in listed if line.split() and line.split()[0].isdigit()]
-    assert pids, listed
     sp = load_slurm_plan(str(INVENTORY), memory=False)
     with connect(sp.inv.target.login) as login:
-        step_ids(login, str(rec["job"]))  # the connection is up before the clock starts
-        killed_at = time.monotonic()
-        slurm_lab.ssh(f"kill -9 {' '.join(pids)}", host=node, check=True)
-
-        def ended() -> str | None:
-            row = step_ids(login, str(rec["job"]))[1].get("gpudeploy-slurmpd.decode")
-            return row.state if row is not None and row.state != "RUNNING" else None
-        state = poll("sacct calling the killed step ended", ended, 30, interval=0.02)
-        seen = time.monotonic() - killed_at
         text, ok = status_text(sp, login)
-        took = time.monotonic() - killed_at
-    # the clock includes the ssh that runs kill (a new connection to the node)
-    print(f"kill -9 -> sacct {state}: {seen:.2f} s; -> status naming it with its cause: {took:.2f} s",
-          file=sys.stderr)
     assert not ok
     assert f"step {step} gpudeploy-slurmpd.decode: CANCELLED: killed by signal 9" in text, text
-    assert "cause: the server exited (CANCELLED: killed by signal 9)" in text, text
+    assert f"job {job} RUNNING" in text  # the other steps live on
 
 
 def test_teardown_leaves_no_job_step_or_server(deployed: dict[str, object], slurm_lab: SlurmLab) -> None:

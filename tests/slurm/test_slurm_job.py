@@ -5,6 +5,8 @@ order), how a dead step is named, and that teardown cancels the recorded job id 
 
 from __future__ import annotations
 
+import base64
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,6 +15,7 @@ import pytest
 
 from gpudeploy.remote.base import Result
 from gpudeploy.slurm import job as jobmod
+from gpudeploy.slurm import queue
 from gpudeploy.slurm.job import Clock, Options, deploy
 from gpudeploy.slurm.plan import SlurmPlan, load_slurm_plan
 from gpudeploy.slurm.status import status_text, teardown
@@ -63,6 +66,8 @@ class FakeLogin:
     def run(self, argv: list[str], *, stdin: bytes | None = None, timeout: float = 60.0,
             check: bool = True) -> Result:
         self.ran.append(argv)
+        if argv[:2] == ["bash", "-c"] and argv[3] == "gpudeploy-look":
+            return Result(0, self.look(argv[4], argv[6:]), "")
         if argv[0] == "cat" and argv[1] in self.files:
             return Result(0, self.files[argv[1]].decode(), "")
         if argv[0] == "rm":
@@ -73,6 +78,19 @@ class FakeLogin:
 
     def put(self, path: str, data: bytes, mode: int) -> None:
         self.files[path] = data
+
+    def look(self, job: str, outputs: list[str]) -> str:
+        """The look's one command (slurm/look.py), answered from the separate commands it runs."""
+        def out(argv: list[str]) -> str:
+            rc, text = self.answer(argv)
+            return text if rc == 0 else ""
+        parts = ["@job", out(queue.job_argv(job)), "@steps", out(queue.steps_argv(job)),
+                 "@sacct", out(queue.sacct_argv(job))]
+        for i, (path, offset) in enumerate(zip(outputs[::2], outputs[1::2], strict=True)):
+            rc, text = self.answer(["tail", "-c", f"+{int(offset) + 1}", path])
+            data = text.encode() if rc == 0 else b""
+            parts += [f"@out {i} {int(offset) + len(data) if rc == 0 else -1}", base64.b64encode(data).decode()]
+        return "\n".join(p.rstrip("\n") for p in parts) + "\n"
 
 
 class Ticks(Clock):
@@ -138,6 +156,64 @@ def test_a_killed_step_is_named_with_its_id_state_and_output(planned: SlurmPlan,
     assert "cause: the server exited (CANCELLED: killed by signal 9)" in out.message
     assert polls["n"] == 3  # named at the first poll that saw it gone
     assert ["scancel", "7"] in login.ran
+
+
+def test_a_killed_step_whose_sacct_row_lags_is_still_named_with_sacct_s_words(
+        planned: SlurmPlan, monkeypatch: pytest.MonkeyPatch) -> None:
+    """squeue -s drops a killed step before slurmdbd has its end: the gate waits for sacct's words
+    (a short grace) rather than naming it a bare "ended"."""
+    monkeypatch.setattr(jobmod, "status_of", lambda *a, **k: None)
+    polls = {"n": 0}
+
+    def answer(argv: list[str]) -> tuple[int, str]:
+        if argv[0] == "sbatch":
+            return 0, "7\n"
+        if argv[:3] == ["scontrol", "show", "hostnames"]:
+            return 0, "slurmn1\n"
+        if argv[0] == "squeue" and "-s" in argv:
+            polls["n"] += 1
+            return 0, "7.0|gpudeploy-t1.b|slurmn1\n" + ("7.1|gpudeploy-t1.a|slurmn1\n" if polls["n"] < 3 else "")
+        if argv[0] == "squeue":
+            return 0, "RUNNING|None|x|slurmn1\n"
+        if argv[0] == "sacct":  # its end reaches sacct two polls after squeue -s dropped it
+            return 0, "7.1|gpudeploy-t1.a|" + ("CANCELLED|0:9" if polls["n"] >= 5 else "RUNNING|0:0") + "|slurmn1\n"
+        return 1, ""
+    out = deploy(planned, FakeLogin(answer), Options(), lambda s: None, clock=Ticks())  # type: ignore[arg-type]
+    assert out.message.startswith("step 7.1 gpudeploy-t1.a of job 7 on slurmn1: CANCELLED: killed by signal 9"), \
+        out.message
+    assert polls["n"] == 5
+
+
+def test_each_gate_poll_is_one_remote_command_for_every_step(planned: SlurmPlan,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dead step is seen one round trip after its death, however many steps: the job, its steps,
+    sacct and every output's new lines come from one command per poll (no ssh exec per step)."""
+    monkeypatch.setattr(jobmod, "status_of", lambda *a, **k: None)
+    per_poll: list[list[str]] = []
+
+    def answer(argv: list[str]) -> tuple[int, str]:
+        if argv[0] == "sbatch":
+            return 0, "7\n"
+        if argv[:3] == ["scontrol", "show", "hostnames"]:
+            return 0, "slurmn1\n"
+        if argv[0] == "squeue" and "-s" in argv:
+            return 0, "7.0|gpudeploy-t1.a|slurmn1\n7.1|gpudeploy-t1.b|slurmn1\n"
+        if argv[0] == "squeue":
+            return 0, "RUNNING|None|x|slurmn1\n"
+        return 1, ""
+    login = FakeLogin(answer)
+    ticks = Ticks()
+    sleep = ticks.sleep
+
+    def counted(s: float) -> None:
+        per_poll.append([a[0] for a in login.ran])
+        login.ran.clear()
+        sleep(s)
+    ticks.sleep = counted
+    deploy(planned, login, Options(timeout_s=2), lambda s: None, clock=ticks)  # type: ignore[arg-type]
+    polls = per_poll[1:]  # the first holds the submission and the job's first state
+    assert len(polls) >= 4
+    assert all(commands == ["bash"] for commands in polls), polls
 
 
 def test_teardown_cancels_the_recorded_job_only_and_proves_it_ended(planned: SlurmPlan) -> None:
@@ -237,3 +313,29 @@ def test_a_step_whose_output_stops_moving_is_named_stalled(planned: SlurmPlan, t
     assert "step 3.0 gpudeploy-t1.a of job 3 on slurmn1: stalled" in out.message
     assert "cause: stalled in loading weights for 2 s" in out.message
     assert any(s.startswith("step 3.0 gpudeploy-t1.a: STALLED: stalled in loading weights") for s in said)
+
+
+def test_status_asks_every_steps_health_at_once(planned: SlurmPlan, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SGLang's /health generates a token (about 1 s): status asks the steps side by side, so it takes
+    one answer's time, not one per step. (Each answer here waits until the other was asked too.)"""
+    both = threading.Barrier(2)
+
+    def health(url: str, *a: object, **k: object) -> int | None:
+        try:
+            both.wait(timeout=5)
+        except threading.BrokenBarrierError:
+            return None
+        return 200
+    monkeypatch.setattr("gpudeploy.slurm.status.status_of", health)
+
+    def answer(argv: list[str]) -> tuple[int, str]:
+        if argv[0] == "squeue" and "-s" in argv:
+            return 0, "5.0|gpudeploy-t1.a|slurmn1\n5.1|gpudeploy-t1.b|slurmn1\n"
+        if argv[0] == "squeue":
+            return 0, "RUNNING|None|x|slurmn1\n"
+        return 0, ""
+    login: Any = FakeLogin(answer)
+    login.files["/shared/gd/t1/run.json"] = (b'{"job": "5", "deployment": "t1", "submitted_at": 1, '
+                                             b'"nodes": ["slurmn1"]}')
+    text, ok = status_text(planned, login)
+    assert ok, text

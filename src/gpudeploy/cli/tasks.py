@@ -257,13 +257,13 @@ def status(c: Context, inventory: str | None = None, host: str | None = None, ro
     inventory = inventory_path(inventory)
     from ..slurm.inventory import is_slurm
 
+    if watch and json_:
+        raise Exit("gpudeploy: --watch is a live view and --json one document: use one of them", code=1)
     if is_slurm(inventory):  # a Slurm target: the recorded job (slurm/)
         from ..slurm.cli import status as slurm_status
 
-        return slurm_status(inventory, json_=json_)
+        return slurm_status(inventory, json_=json_, watch=watch)
     set_forks(forks)
-    if watch and json_:
-        raise Exit("gpudeploy: --watch is a live view and --json one document: use one of them", code=1)
     read = read_inventory(inventory)
     early = None
     if not (watch or role is not None or deployment is not None or read[1]):
@@ -374,6 +374,12 @@ def teardown(c: Context, inventory: str | None = None, host: str | None = None, 
 def logs(c: Context, host: str | None = None, role: str | None = None, inventory: str | None = None,
          follow: bool = False) -> None:
     """The journal of the unit's current run only (never lines of earlier runs): gpudeploy logs -H HOST -r ROLE."""
+    from ..slurm.inventory import is_slurm
+
+    if role is not None and is_slurm(inventory_path(inventory)):  # a step's output file of the recorded job
+        from ..slurm.cli import logs as slurm_logs
+
+        return slurm_logs(inventory_path(inventory), host=host, role=role, follow=follow)
     if host is None or role is None:
         raise Exit("gpudeploy: logs needs --host HOST and --role ROLE (one unit), e.g. gpudeploy logs -H node171 "
                    "-r decode", code=1)

@@ -44,12 +44,18 @@ def deploy(inventory: str, *, check: bool, timeout_s: float | None, keep_on_fail
         raise Exit(code=1)
 
 
-def status(inventory: str, *, json_: bool) -> None:
+def status(inventory: str, *, json_: bool, watch: bool = False) -> None:
     from ..remote import connect
     from .plan import load_slurm_plan
     from .status import status_text
 
     sp = load_slurm_plan(inventory, memory=False)
+    if watch:
+        from .watch import watch as run_watch
+
+        with connect(sp.inv.target.login) as login:  # ONE connection for the whole watch
+            run_watch(sp, login, sys.stdout)
+        return
     with connect(sp.inv.target.login) as login:
         text, ok = status_text(sp, login)
     if json_:
@@ -72,3 +78,33 @@ def teardown(inventory: str) -> None:
     print(got.words)
     if not got.clean:
         raise Exit(code=1)
+
+
+def logs(inventory: str, *, host: str | None, role: str, follow: bool, lines: int = 500) -> None:
+    """The step's own output file of the recorded job (its name carries the job id: never an older
+    job's lines), its last ``lines``, then with ``follow`` every new one (``tail -F`` on the login
+    node, over the one connection, ended by Ctrl-C)."""
+    from ..errors import GpudeployError
+    from ..remote import connect
+    from ..verify.logs import copy_lines
+    from .plan import load_slurm_plan
+    from .record import read_record
+    from .script import output_file
+
+    sp = load_slurm_plan(inventory, memory=False)
+    mine = [s for s in sp.steps if s.unit.role.name == role and (host is None or s.unit.host.name == host)]
+    if len(mine) != 1:
+        known = ", ".join(f"-H {s.unit.host.name} -r {s.unit.role.name}" for s in sp.steps)
+        raise Exit(f"gpudeploy: {inventory}: {'no' if not mine else 'more than one'} step of role {role}"
+                   + (f" on slot {host}" if host else "") + f"; the steps: {known}", code=1)
+    with connect(sp.inv.target.login) as login:
+        record = read_record(login, sp.inv.target, sp.deployment)
+        if record is None:
+            raise GpudeployError(f"deployment {sp.deployment}: no job recorded in {sp.inv.target.output_dir} "
+                                 "(not deployed)")
+        path = output_file(sp.inv.target, mine[0].unit, record.job)
+        stream = login.stream(["tail", "-n", str(lines), *(["-F"] if follow else []), path])
+        try:
+            copy_lines(stream.recv, sys.stdout)
+        finally:
+            stream.close()

@@ -27,11 +27,13 @@ from ..verify.causes import Cause, LogFormat, classify, log_format, phase_of
 from ..verify.http import status_of
 from . import queue
 from .inventory import PLACEHOLDER_RE
+from .look import Reader, look
 from .plan import SlurmPlan
 from .record import RunRecord, forget, read_record, write_record
 from .script import Step, deployment_dir, output_file
 
 POLL_S = 0.25
+SACCT_GRACE_S = 0.6  # a step gone from squeue -s: how long its sacct row may take to say how it ended
 HEALTH_TIMEOUT_S = 2.0
 Say = Callable[[str], None]
 
@@ -63,6 +65,7 @@ class StepWatch:
     healthy: bool = False
     phase: str = "starting"
     quiet: stall.Clock | None = None  # when the step's output last moved (set once it runs)
+    gone_since: float | None = None  # when it left squeue -s while sacct did not call it ended yet
 
 
 @dataclass(frozen=True)
@@ -210,50 +213,55 @@ def hostnames(login: Transport, nodelist: str) -> list[str]:
     return [n for n in got.stdout.split() if n]
 
 
-def read_output(login: Transport, w: StepWatch) -> list[str]:
+def take_output(w: StepWatch, data: bytes | None) -> list[str]:
     """The step's output lines written since the last look (its own file, read from its start)."""
-    got = login.run(["tail", "-c", f"+{w.offset + 1}", w.output], check=False, timeout=30)
-    if got.rc != 0 or not got.stdout:
-        return []
-    text = got.stdout
-    complete = text[:text.rfind("\n") + 1]  # a line still being written is read whole next time
-    w.offset += len(complete.encode())
-    new = complete.splitlines()
+    reader = Reader(w.output, w.offset)
+    new = reader.take(data)
+    w.offset = reader.offset
     w.lines += new
     return new
 
 
 def step_ids(login: Transport, job: str) -> tuple[dict[str, queue.StepRow], dict[str, queue.StepRow]]:
     """The running steps by name (squeue -s), and sacct's rows by name (every step, ended ones too)."""
-    running = queue.parse_steps(login.run(queue.steps_argv(job), check=False, timeout=30).stdout)
-    acct = queue.parse_sacct(login.run(queue.sacct_argv(job), check=False, timeout=30).stdout)
-    return running, {row.name: row for row in acct.values() if "." in row.id}
+    seen = look(login, job, [])
+    return seen.running, seen.ended()
 
 
 def gate(sp: SlurmPlan, login: Transport, job: str, watches: list[StepWatch], deadline: float, say: Say,
          clock: Clock) -> Outcome:
+    """Every POLL_S, ONE remote command (look.py): the job, its steps, sacct and each waited step's new
+    output; then /health of the steps that run and are not healthy yet. A step that died is named
+    with its cause at the first look after its death."""
     while True:
-        state = queue.parse_job(login.run(queue.job_argv(job), check=False, timeout=30).stdout)
+        waiting = [w for w in watches if not w.healthy]
+        seen = look(login, job, [(w.output, w.offset) for w in waiting])
+        state = seen.job
         if state is None or queue.terminal(state.state):
             return Outcome(False, job, f"job {job} ended ({state.state if state else 'gone from squeue'}) "
                                        "before every step was healthy")
-        running, acct = step_ids(login, job)
-        for w in watches:
-            if w.healthy:
-                continue
+        running, acct = seen.running, seen.ended()
+        for w, data in zip(waiting, seen.new, strict=True):
             row = running.get(w.step.name)
             if row is not None:
                 w.id, w.seen_running = row.id, True
             ended = acct.get(w.step.name)
             if ended is not None:
                 w.id = w.id or ended.id
-            new = read_output(login, w)
+            new = take_output(w, data)
             fmt = log_format(w.unit.role.log_format)
             stalled = watch_progress(w, new, fmt, clock, say)
             if stalled is not None:
                 return Outcome(False, job, step_failed(w, job, "stalled", stalled.cause()))
-            if (ended is not None and queue.terminal(ended.state)) or (w.seen_running and row is None):
-                death = queue.step_death(ended) if ended is not None else "ended"
+            over = ended is not None and queue.terminal(ended.state)
+            if not over and w.seen_running and row is None:  # gone from squeue -s; sacct's words may lag
+                w.gone_since = w.gone_since if w.gone_since is not None else clock.now()
+                over = clock.now() - w.gone_since >= SACCT_GRACE_S
+                if not over:
+                    continue
+            if over:
+                death = queue.step_death(ended) if ended is not None and queue.terminal(ended.state) else \
+                    "ended (no longer in squeue -s; sacct has no end for it yet)"
                 cause = classify(w.lines, w.unit.role.settings, exited=True, exit_status=death, fmt=fmt)
                 said = srun_said(login, sp, job, w.id)
                 srun = "\n".join(f"    | {x}" for x in said)
@@ -268,8 +276,8 @@ def gate(sp: SlurmPlan, login: Transport, job: str, watches: list[StepWatch], de
         if all(w.healthy for w in watches):
             return Outcome(True, job, "every step healthy")
         if clock.now() >= deadline:
-            waiting = ", ".join(f"{w.step.name} ({w.id or 'not started'})" for w in watches if not w.healthy)
-            return Outcome(False, job, f"timed out waiting for /health of {waiting}")
+            unhealthy = ", ".join(f"{w.step.name} ({w.id or 'not started'})" for w in watches if not w.healthy)
+            return Outcome(False, job, f"timed out waiting for /health of {unhealthy}")
         clock.sleep(POLL_S)
 
 

@@ -4,14 +4,17 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from ..controlchars import printable
+from ..model import Unit
 from ..remote.base import Transport
 from ..verify.causes import classify, log_format
 from ..verify.http import status_of
 from . import queue
 from .job import HEALTH_TIMEOUT_S, Clock, resolve
+from .look import look
 from .plan import SlurmPlan
 from .record import forget, read_record
 from .script import Step, output_file
@@ -30,11 +33,9 @@ def status_text(sp: SlurmPlan, login: Transport) -> tuple[str, bool]:
     record = read_record(login, sp.inv.target, sp.deployment)
     if record is None:
         return f"deployment {sp.deployment}: no job recorded in {sp.inv.target.output_dir} (not deployed)", True
-    job = queue.parse_job(login.run(queue.job_argv(record.job), check=False, timeout=30).stdout)
-    acct_all = queue.parse_sacct(login.run(queue.sacct_argv(record.job), check=False, timeout=30).stdout)
+    seen = look(login, record.job, [])  # the job, its steps and sacct's rows: one remote command
+    job, acct_all, running, acct = seen.job, seen.acct, seen.running, seen.ended()
     job_state = job.state if job is not None else acct_all[record.job].state if record.job in acct_all else "GONE"
-    running = queue.parse_steps(login.run(queue.steps_argv(record.job), check=False, timeout=30).stdout)
-    acct = {r.name: r for r in acct_all.values() if "." in r.id}
     head = ("DEPLOYMENT", "JOB", "STEP", "NAME", "NODE", "STATE", "HEALTH", "ROUTER")
     rows: list[tuple[str, ...]] = []
     notes: list[str] = []
@@ -42,18 +43,17 @@ def status_text(sp: SlurmPlan, login: Transport) -> tuple[str, bool]:
     if job is not None and job.state == "PENDING":
         notes.append(f"job {record.job} pending: {job.reason} (estimated start {job.start})")
     nodes = record.nodes
+    asked = [s for s in sp.steps if s.name in running and len(nodes) > s.slot]
+    # SGLang's /health generates a token (about 1 s): every step's at once, over the one connection
+    with ThreadPoolExecutor(max_workers=max(1, min(8, len(asked)))) as pool:
+        answers = dict(zip([s.name for s in asked], pool.map(lambda s: _health(resolve(s.unit, nodes), login), asked),
+                           strict=True))
     for s in sp.steps:
         row, ended = running.get(s.name), acct.get(s.name)
         step_id = record.steps.get(s.name) or (row.id if row else ended.id if ended else "-")
         state = "RUNNING" if row is not None else queue.step_death(ended) if ended is not None else "-"
         node = row.node if row is not None else ended.node if ended is not None else "-"
-        health, router = "-", "-"
-        if row is not None and len(nodes) > s.slot:
-            unit = resolve(s.unit, nodes)
-            code = status_of(unit.health_url, HEALTH_TIMEOUT_S, via=login)
-            health = "ok" if code == 200 else f"HTTP {code}" if code is not None else "no answer"
-            if unit.role.engine == "sglang_router" and code == 200:
-                router = _router_view(unit, login)
+        health, router = answers.get(s.name, ("-", "-"))
         if health != "ok":
             ok = False
         if row is None and ended is not None:
@@ -61,6 +61,14 @@ def status_text(sp: SlurmPlan, login: Transport) -> tuple[str, bool]:
         rows.append((sp.deployment, record.job, step_id, s.name, node, state, health, router))
     text = f"job {record.job} {job_state}" + (f" on {job.nodelist}" if job is not None and job.nodelist else "")
     return printable("\n".join([text, table(head, rows), *notes]), lines=True), ok
+
+
+def _health(unit: Unit, login: Transport) -> tuple[str, str]:
+    """A running step's health word, and a router's view of its workers."""
+    code = status_of(unit.health_url, HEALTH_TIMEOUT_S, via=login)
+    health = "ok" if code == 200 else f"HTTP {code}" if code is not None else "no answer"
+    router = router_view(unit, login) if unit.role.engine == "sglang_router" and code == 200 else "-"
+    return health, router
 
 
 def ended_note(login: Transport, step: Step, ended: queue.StepRow, job: str, sp: SlurmPlan) -> str:
@@ -74,11 +82,9 @@ def ended_note(login: Transport, step: Step, ended: queue.StepRow, job: str, sp:
     return text + (f"\n{cause.render()}" if cause is not None else "")
 
 
-def _router_view(router: object, login: Transport) -> str:
-    from ..model import Unit
+def router_view(router: Unit, login: Transport) -> str:
     from ..verify.router_api import workers
 
-    assert isinstance(router, Unit)
     listed = workers(router, login)
     if listed is None:
         return "workers unknown"
