@@ -119,7 +119,7 @@ def plan(c: Context, inventory: str | None = None, host: str | None = None, role
     from ..slurm.inventory import is_slurm
 
     if is_slurm(inventory):  # a Slurm target: one batch job (slurm/)
-        from ..slurm.cli import plan as slurm_plan
+        from .slurm import plan as slurm_plan
 
         return slurm_plan(inventory, json_=json_, suggest=suggest, files=files)
     from ..plan import load_plan
@@ -169,7 +169,7 @@ def deploy(c: Context, host: str | None = None, inventory: str | None = None, ro
     from ..slurm.inventory import is_slurm
 
     if is_slurm(inventory):  # a Slurm target: one batch job (slurm/)
-        from ..slurm.cli import deploy as slurm_deploy
+        from .slurm import deploy as slurm_deploy
 
         return slurm_deploy(inventory, check=check, timeout_s=timeout, keep_on_failure=keep_on_failure)
     from ..apply.rollout import parse_serial
@@ -260,7 +260,7 @@ def status(c: Context, inventory: str | None = None, host: str | None = None, ro
     if watch and json_:
         raise Exit("gpudeploy: --watch is a live view and --json one document: use one of them", code=1)
     if is_slurm(inventory):  # a Slurm target: the recorded job (slurm/)
-        from ..slurm.cli import status as slurm_status
+        from .slurm import status as slurm_status
 
         return slurm_status(inventory, json_=json_, watch=watch)
     set_forks(forks)
@@ -328,7 +328,7 @@ def teardown(c: Context, inventory: str | None = None, host: str | None = None, 
     from ..slurm.inventory import is_slurm
 
     if is_slurm(inventory):  # a Slurm target: scancel of the recorded job only (slurm/)
-        from ..slurm.cli import teardown as slurm_teardown
+        from .slurm import teardown as slurm_teardown
 
         return slurm_teardown(inventory)
     from ..apply.teardown import teardown as run_teardown
@@ -377,7 +377,7 @@ def logs(c: Context, host: str | None = None, role: str | None = None, inventory
     from ..slurm.inventory import is_slurm
 
     if role is not None and is_slurm(inventory_path(inventory)):  # a step's output file of the recorded job
-        from ..slurm.cli import logs as slurm_logs
+        from .slurm import logs as slurm_logs
 
         return slurm_logs(inventory_path(inventory), host=host, role=role, follow=follow)
     if host is None or role is None:

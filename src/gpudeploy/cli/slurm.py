@@ -7,13 +7,13 @@ import sys
 
 from invoke.exceptions import Exit
 
-from ..cli.args import REFUSES, calibration
+from .args import REFUSES, calibration
 
 
 def plan(inventory: str, *, json_: bool, suggest: bool, files: bool) -> None:
     from ..report import plan_json
-    from .plan import load_slurm_plan
-    from .report import plan_text, refuses
+    from ..slurm.plan import load_slurm_plan
+    from ..slurm.report import plan_text, refuses
 
     sp = load_slurm_plan(inventory, store=calibration(), suggest=suggest, offline_flags=True)
     if json_:
@@ -31,9 +31,9 @@ def plan(inventory: str, *, json_: bool, suggest: bool, files: bool) -> None:
 def deploy(inventory: str, *, check: bool, timeout_s: float | None, keep_on_failure: bool) -> None:
     """Plan first (a problem submits nothing), then submit and gate through the login node."""
     from ..remote import connect
-    from .job import Options
-    from .job import deploy as run_deploy
-    from .plan import load_slurm_plan
+    from ..slurm.job import Options
+    from ..slurm.job import deploy as run_deploy
+    from ..slurm.plan import load_slurm_plan
 
     sp = load_slurm_plan(inventory, store=None if check else calibration())
     with connect(sp.inv.target.login) as login:
@@ -46,12 +46,12 @@ def deploy(inventory: str, *, check: bool, timeout_s: float | None, keep_on_fail
 
 def status(inventory: str, *, json_: bool, watch: bool = False) -> None:
     from ..remote import connect
-    from .plan import load_slurm_plan
-    from .status import status_text
+    from ..slurm.plan import load_slurm_plan
+    from ..slurm.status import status_text
 
     sp = load_slurm_plan(inventory, memory=False)
     if watch:
-        from .watch import watch as run_watch
+        from ..slurm.watch import watch as run_watch
 
         with connect(sp.inv.target.login) as login:  # ONE connection for the whole watch
             run_watch(sp, login, sys.stdout)
@@ -69,8 +69,8 @@ def status(inventory: str, *, json_: bool, watch: bool = False) -> None:
 
 def teardown(inventory: str) -> None:
     from ..remote import connect
-    from .plan import load_slurm_plan
-    from .status import teardown as run_teardown
+    from ..slurm.plan import load_slurm_plan
+    from ..slurm.status import teardown as run_teardown
 
     sp = load_slurm_plan(inventory, memory=False)
     with connect(sp.inv.target.login) as login:
@@ -86,10 +86,10 @@ def logs(inventory: str, *, host: str | None, role: str, follow: bool, lines: in
     node, over the one connection, ended by Ctrl-C)."""
     from ..errors import GpudeployError
     from ..remote import connect
+    from ..slurm.plan import load_slurm_plan
+    from ..slurm.record import read_record
+    from ..slurm.script import output_file
     from ..verify.logs import copy_lines
-    from .plan import load_slurm_plan
-    from .record import read_record
-    from .script import output_file
 
     sp = load_slurm_plan(inventory, memory=False)
     mine = [s for s in sp.steps if s.unit.role.name == role and (host is None or s.unit.host.name == host)]
