@@ -88,6 +88,7 @@ def logs(inventory: str, *, host: str | None, role: str, follow: bool, lines: in
     from ..remote import connect
     from ..slurm.plan import load_slurm_plan
     from ..slurm.record import read_record
+    from ..slurm.roll import live_steps
     from ..slurm.script import output_file
     from ..verify.logs import copy_lines
 
@@ -102,7 +103,8 @@ def logs(inventory: str, *, host: str | None, role: str, follow: bool, lines: in
         if record is None:
             raise GpudeployError(f"deployment {sp.deployment}: no job recorded in {sp.inv.target.output_dir} "
                                  "(not deployed)")
-        path = output_file(sp.inv.target, mine[0].unit, record.job)
+        live = live_steps(sp, record)[sp.steps.index(mine[0])]  # a rolled engine: its serving copy's output
+        path = output_file(sp.inv.target, live.unit, record.job)
         stream = login.stream(["tail", "-n", str(lines), *(["-F"] if follow else []), path])
         try:
             copy_lines(stream.recv, sys.stdout)

@@ -88,7 +88,13 @@ def resolve(unit: Unit, nodes: list[str]) -> Unit:
 
 
 def submitted_script(login: Transport, sp: SlurmPlan, job: str) -> str | None:
-    """The script the job was submitted with: Slurm's own copy, else the one deploy kept."""
+    """The script the job runs as: the one a roll applied, else Slurm's own copy, else the one
+    deploy kept."""
+    from .roll import applied_path
+
+    applied = login.run(["cat", applied_path(sp, job)], check=False, timeout=30)
+    if applied.rc == 0 and applied.stdout.startswith("#!"):
+        return applied.stdout
     got = login.run(["scontrol", "write", "batch_script", job, "-"], check=False, timeout=30)
     if got.rc == 0 and got.stdout.startswith("#!"):
         return got.stdout
@@ -122,10 +128,25 @@ def deploy(sp: SlurmPlan, login: Transport, opts: Options, say: Say, clock: Cloc
             say(f"job {record.job} runs this very script ({running.state}): nothing to change")
             return Outcome(True, record.job, "up to date")
         changed = diff(old, sp.script, "batch script")
+        from .roll import prepare
+
+        todo, why = prepare(sp, login, old, record) if old else ([], "the running job's script could not be read")
         if opts.check:
             say(changed or "(the running job's script could not be read)")
-            return Outcome(True, record.job, "would refuse: the running job differs")
-        return Outcome(False, record.job, no_room(sp, record.job, changed))
+            if todo:
+                return Outcome(True, record.job, "would roll " + ", ".join(p.step.unit.role.name for p in todo)
+                               + " as new step(s) of the running job")
+            return Outcome(True, record.job, f"would refuse: the running job differs ({why})")
+        if not todo:
+            return Outcome(False, record.job, no_room(sp, record.job, changed, why))
+        from .rollout import roll
+
+        missing = [n for p in todo for n in p.copy.unit.secret_names if n not in (secrets or os.environ)]
+        if missing:
+            raise SlurmFailed(f"secret(s) {', '.join(sorted(set(missing)))} are not set in this environment "
+                              "(secret_env values come from the deploying user's environment)")
+        values = {n: (secrets or os.environ)[n] for p in todo for n in p.copy.unit.secret_names}
+        return roll(sp, login, record, old, todo, opts, say, clock, values)
     if opts.check:
         say(f"would submit a new job (no running job of deployment {sp.deployment}):")
         say(diff("", sp.script, "batch script"))
@@ -159,9 +180,10 @@ def deploy(sp: SlurmPlan, login: Transport, opts: Options, say: Say, clock: Cloc
     return outcome
 
 
-def no_room(sp: SlurmPlan, job: str, changed: str) -> str:
+def no_room(sp: SlurmPlan, job: str, changed: str, why: str = "") -> str:
     return (f"no room: deployment {sp.deployment} runs as job {job}, submitted with another script; a changed "
-            "engine would need a new step in that allocation, whose GPUs its steps hold. Run `gpudeploy teardown` "
+            "engine would need a new step in that allocation, whose GPUs its steps hold"
+            + (f" ({why})" if why else "") + ". Run `gpudeploy teardown` "
             "then `gpudeploy deploy` (a new job), or keep the running one.\n" + changed)
 
 

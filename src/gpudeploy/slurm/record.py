@@ -19,6 +19,10 @@ class RunRecord:
     submitted_at: float
     steps: dict[str, str] = field(default_factory=dict)  # step name -> JOB.STEP
     nodes: list[str] = field(default_factory=list)  # slot -> node
+    # A rolled engine (roll.py), by its plan step's name: the generation of the copy now serving
+    # (its step name, output, ports) and the GPUs it holds. Absent: the step the script started.
+    generations: dict[str, int] = field(default_factory=dict)
+    gpus: dict[str, list[int]] = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2) + "\n"
@@ -37,7 +41,9 @@ def read_record(login: Transport, target: SlurmTarget, deployment: str) -> RunRe
         return RunRecord(job=str(raw["job"]), deployment=str(raw["deployment"]),
                          submitted_at=float(raw["submitted_at"]),
                          steps={str(k): str(v) for k, v in dict(raw.get("steps") or {}).items()},
-                         nodes=[str(n) for n in raw.get("nodes") or []])
+                         nodes=[str(n) for n in raw.get("nodes") or []],
+                         generations={str(k): int(v) for k, v in dict(raw.get("generations") or {}).items()},
+                         gpus={str(k): [int(g) for g in v] for k, v in dict(raw.get("gpus") or {}).items()})
     except (ValueError, KeyError, TypeError):
         return None
 

@@ -49,6 +49,11 @@ def deployment_dir(target: SlurmTarget, deployment: str) -> str:
     return f"{target.output_dir}/{deployment}"
 
 
+def requests_dir(target: SlurmTarget, deployment: str) -> str:
+    """Where deploy puts a new step's request for the running batch script (0700, the user's own)."""
+    return f"{deployment_dir(target, deployment)}/requests"
+
+
 def env_path(target: SlurmTarget, unit: Unit) -> str:
     return f"{deployment_dir(target, unit.deployment)}/{unit_stem(unit.deployment, unit.role.name)}.env"
 
@@ -123,6 +128,26 @@ def env_text(unit: Unit, secrets: dict[str, str] | None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def srun_lines(s: Step) -> str:
+    """The step's srun command (without ``&``): its options, its environment file and CPUs, the
+    plan's argv; every word shell-quoted, only ``${GPUDEPLOY_NODE_N}`` expands."""
+    return (f"srun {' '.join(s.options)} \\\n"
+            f"  /bin/bash -c \"$gpudeploy_step\" gpudeploy-step {shlex.quote(s.env_file)} {shlex.quote(s.cpus)} \\\n"
+            f"  {' '.join(shell_word(a) for a in s.unit.argv)}")
+
+
+def request_text(s: Step, why: str) -> str:
+    """A new step's request file: run once by the job's batch script (``bash FILE``), which exported
+    the nodes' variables and ``gpudeploy_step``; the srun is exec'd, so the script waits on it."""
+    comment = why.replace("\n", " ")
+    return (f"#!/bin/bash\n# Step request of deployment {s.unit.deployment}, rendered by gpudeploy: {comment}\n"
+            f"exec {srun_lines(s)}\n")
+
+
+def request_name(s: Step) -> str:
+    return f"{s.name}.step"
+
+
 def batch_script(inv: SlurmInventory, deployment: str, steps: list[Step], renderer: Renderer,
                  problems: list[Problem]) -> str | None:
     used = sorted({s.slot for s in steps})
@@ -132,9 +157,9 @@ def batch_script(inv: SlurmInventory, deployment: str, steps: list[Step], render
         "nodes": [(node_variable(n), n) for n in used],
         "steps": [{"comment": f"{s.unit.role.name} on slot {s.slot} ({s.unit.host.name}), GPUs "
                               f"{','.join(map(str, s.unit.gpus)) or 'none'}",
-                   "options": " ".join(s.options), "env_file": shlex.quote(s.env_file),
-                   "cpus": shlex.quote(s.cpus),
+                   "srun": srun_lines(s),
                    # so the script alone says when an engine's environment changed (deploy --check)
                    "env_digest": hashlib.sha256(env_text(s.unit, None).encode()).hexdigest()[:16],
-                   "command": " ".join(shell_word(a) for a in s.unit.argv)} for s in steps],
+                   } for s in steps],
+        "requests": shlex.quote(requests_dir(inv.target, deployment)),
     }, problems, role=None)

@@ -17,6 +17,7 @@ from .job import HEALTH_TIMEOUT_S, Clock, resolve
 from .look import look
 from .plan import SlurmPlan
 from .record import forget, read_record
+from .roll import live_steps
 from .script import Step, output_file
 
 TEARDOWN_S = 60.0  # scancel -> every step ended (measured: 0.06 s in squeue, 0.35 s in sacct)
@@ -43,12 +44,13 @@ def status_text(sp: SlurmPlan, login: Transport) -> tuple[str, bool]:
     if job is not None and job.state == "PENDING":
         notes.append(f"job {record.job} pending: {job.reason} (estimated start {job.start})")
     nodes = record.nodes
-    asked = [s for s in sp.steps if s.name in running and len(nodes) > s.slot]
+    live = live_steps(sp, record)  # a rolled engine as the copy that serves (its step name, ports, output)
+    asked = [s for s in live if s.name in running and len(nodes) > s.slot]
     # SGLang's /health generates a token (about 1 s): every step's at once, over the one connection
     with ThreadPoolExecutor(max_workers=max(1, min(8, len(asked)))) as pool:
         answers = dict(zip([s.name for s in asked], pool.map(lambda s: _health(resolve(s.unit, nodes), login), asked),
                            strict=True))
-    for s in sp.steps:
+    for s in live:
         row, ended = running.get(s.name), acct.get(s.name)
         step_id = record.steps.get(s.name) or (row.id if row else ended.id if ended else "-")
         state = "RUNNING" if row is not None else queue.step_death(ended) if ended is not None else "-"

@@ -32,6 +32,7 @@ from .job import HEALTH_TIMEOUT_S, hostnames, resolve
 from .look import Look, Reader, look
 from .plan import SlurmPlan
 from .record import read_record
+from .roll import live_steps
 from .script import Step, output_file
 from .status import router_view, status_text
 
@@ -181,7 +182,7 @@ def watch(sp: SlurmPlan, login: Transport, out: TextIO, stop: threading.Event | 
     out.flush()
     w = Watch(record.job, [Followed(s, Reader(output_file(sp.inv.target, s.unit, record.job)),
                                     deque(maxlen=log_format(s.unit.role.log_format).journal_lines))
-                           for s in sp.steps])
+                           for s in live_steps(sp, record)])
     nodes = list(record.nodes)
     health = threading.Thread(target=follow_health, args=(w, login, stop), name="watch-health", daemon=True)
     try:
