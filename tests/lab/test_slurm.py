@@ -207,6 +207,105 @@ def test_a_killed_step_is_named_with_its_cause_by_the_watch(deployed: dict[str, 
     assert f"job {job} RUNNING" in text  # the other steps live on
 
 
+ROLL_HOSTS = """\
+deployment: slurmroll
+roles_dir: {roles}
+slurm:
+  login:
+    address: 10.232.0.10
+    ssh: {{user: root, key: /var/lib/gpudeploy-lab/id_ed25519, known_hosts: /var/lib/gpudeploy-lab/slurm_known_hosts}}
+  partition: gpu
+  time: "00:20:00"
+  gpus_per_node: 8
+  nodes: 1
+  output_dir: /shared/gpudeploy
+defaults:
+  gpu_memory_gib: 96
+  engine_versions: {{sglang: "0.5.23", sglang_router: "0.3.2"}}
+  numa_policy: none
+  env: {{SGLANG_STANDIN_SPEED: "0.3"}}
+hosts:
+  node0:
+    numa_nodes:
+      - {{id: 0, gpus: [0, 1, 2, 3], cpus: "0"}}
+      - {{id: 1, gpus: [4, 5, 6, 7], cpus: "1"}}
+    roles: [{{role: worker, numa_node: 0}}, router]
+"""
+
+
+def roll_roles(roles: Path, max_running: int) -> None:
+    """One TP4 stand-in engine (a regular worker) and the real router: room for a second copy."""
+    roles.mkdir(exist_ok=True)
+    worker = (REPO / "roles" / "decode.yml").read_text().replace("  disaggregation_mode: decode\n", "")
+    worker = worker.replace("  disaggregation_transfer_backend: mooncake\n", "")
+    worker = worker.replace("max_running_requests: 128", f"max_running_requests: {max_running}")
+    (roles / "worker.yml").write_text(worker)
+    router = (REPO / "lab" / "roles" / "lab-router.yml").read_text()
+    router = router.replace("  prefill: [prefill]\n  decode: [decode]\n", "  workers: [worker]\n")
+    (roles / "router.yml").write_text(router)
+
+
+def test_a_changed_engine_rolls_as_a_new_step_under_load_and_a_full_pair_is_refused(
+        deployed: dict[str, object], slurm_lab: SlurmLab, tmp_path: Path) -> None:
+    """A deployment with room (one TP4 engine and its router on an 8-GPU node of 2 CPUs): a changed
+    setting of the engine rolls as a new step of the same job while requests go through the router
+    (none fails), the old step ends (sacct) and status shows the new one. The PD pair (8 GPUs, both
+    CPUs) has no room: its change is refused as before."""
+    from gpudeploy_lab.load import Load
+
+    roles = tmp_path / "roles"
+    roll_roles(roles, 128)
+    hosts = tmp_path / "roll.yml"
+    hosts.write_text(ROLL_HOSTS.format(roles=roles))
+    got = gpudeploy("deploy", "-i", str(hosts))
+    try:
+        assert got.returncode == 0, got.stdout + got.stderr
+        rec = record(slurm_lab, "slurmroll")
+        job, old = rec["job"], rec["steps"]["gpudeploy-slurmroll.worker"]  # type: ignore[index]
+        address = next(n.address for n in slurm_lab.nodes if n.name == rec["nodes"][0])  # type: ignore[index]
+        roll_roles(roles, 64)
+        with Load(f"http://{address}:8000/generate", clients=2, timeout_s=20, limit_s=60) as load:
+            poll("requests answered before the roll", lambda: sum(s.ok for s in load.sent) >= 2 or None, 20)
+            t0 = time.monotonic()
+            got = gpudeploy("deploy", "-i", str(hosts))
+            took = time.monotonic() - t0
+            poll("requests answered after the roll", lambda: sum(s.ok for s in load.sent if s.start > t0 + took)
+                 >= 2 or None, 20)
+        failed = [s for s in load.sent if not s.ok]
+        print(f"roll: {took:.2f} s, {len(load.sent)} requests, {len(failed)} failed\n{got.stdout}{got.stderr}",
+              file=sys.stderr)
+        assert got.returncode == 0, got.stdout + got.stderr
+        assert not failed, [(s.status, s.error) for s in failed]
+        rec = record(slurm_lab, "slurmroll")
+        new = rec["steps"]["gpudeploy-slurmroll.worker"]  # type: ignore[index]
+        assert rec["job"] == job and new != old
+        acct = slurm_lab.ssh(f"sacct -n -P -j {old} --format=JobID,State").stdout.splitlines()
+        assert any(line.startswith(f"{old}|CANCELLED") for line in acct), acct
+        status = gpudeploy("status", "-i", str(hosts))
+        assert status.returncode == 0, status.stdout + status.stderr
+        rows = {line.split()[3]: line.split() for line in status.stdout.splitlines()[2:4]}
+        assert rows["gpudeploy-slurmroll.worker-g1"][2] == new and rows["gpudeploy-slurmroll.worker-g1"][5:7] == \
+            ["RUNNING", "ok"], status.stdout
+        assert rows["gpudeploy-slurmroll.router"][7:] == ["1/1", "workers", "healthy"], status.stdout
+    finally:
+        down = gpudeploy("teardown", "-i", str(hosts))
+        assert down.returncode == 0, down.stdout + down.stderr
+    # the PD pair holds all 8 GPUs and both CPUs of its node: no room, refused as before
+    pd_roles = tmp_path / "pd"
+    pd_roles.mkdir()
+    for name in ("prefill", "decode"):
+        text = (REPO / "roles" / f"{name}.yml").read_text()
+        (pd_roles / f"{name}.yml").write_text(text.replace("max_running_requests: 128", "max_running_requests: 64"))
+    (pd_roles / "lab-router.yml").write_text((REPO / "lab" / "roles" / "lab-router.yml").read_text())
+    pd = tmp_path / "pd.yml"
+    pd.write_text(INVENTORY.read_text().replace("roles_dir: ../roles", f"roles_dir: {pd_roles}"))
+    refused = gpudeploy("deploy", "-i", str(pd))
+    out = refused.stdout + refused.stderr
+    assert refused.returncode == 1, out
+    assert "no room" in out and "needs 4 free GPU(s) on slot 0" in out, out
+    assert job_state(slurm_lab, record(slurm_lab, "slurmpd")["job"]) == "RUNNING"
+
+
 def test_teardown_leaves_no_job_step_or_server(deployed: dict[str, object], slurm_lab: SlurmLab) -> None:
     rec = record(slurm_lab, "slurmpd")
     job, node = rec["job"], rec["nodes"][0]  # type: ignore[index]
