@@ -248,3 +248,25 @@ def test_no_room_is_refused_as_before_naming_what_is_missing(tmp_path: Path) -> 
     assert "needs 4 free GPU(s) on slot 0 (node0): 0 free" in out.message, out.message
     assert "teardown` then `gpudeploy deploy`" in out.message
     assert not any(a[0] == "scancel" for a in c2.login.ran)
+
+
+def test_status_follows_the_record_to_the_rolled_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a roll, status shows the copy's step (its name, id) and asks the copy's port for health."""
+    from gpudeploy.slurm import status as statusmod
+
+    asked: list[str] = []
+    monkeypatch.setattr(statusmod, "status_of", lambda url, *a, **k: asked.append(url) or 200)
+    monkeypatch.setattr(statusmod, "router_view", lambda *a: "1/1 workers healthy")
+    sp = plan(tmp_path, max_="64")
+    c = Cluster(sp)
+    rec = json.loads(c.login.files["/shared/gd/t1/run.json"])
+    rec.update(steps={"gpudeploy-t1.a": NEW_ID, "gpudeploy-t1.r": "7.1"}, generations={"gpudeploy-t1.a": 1},
+               gpus={"gpudeploy-t1.a": [2, 3]})
+    c.login.files["/shared/gd/t1/run.json"] = json.dumps(rec).encode()
+    c.login.files["/shared/gd/t1/requests/gpudeploy-t1.a-g1.step"] = b""  # the copy runs as 7.2
+    c.cancelled.add(OLD_ID)
+    text, ok = statusmod.status_text(sp, c.login)  # type: ignore[arg-type]
+    assert ok, text
+    rows = {line.split()[3]: line.split() for line in text.splitlines()[2:]}
+    assert rows["gpudeploy-t1.a-g1"][2:6] == [NEW_ID, "gpudeploy-t1.a-g1", "slurmn1", "RUNNING"], text
+    assert "http://slurmn1:10000/health" in asked and "http://slurmn1:9000/health" not in asked

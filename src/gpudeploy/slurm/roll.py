@@ -177,6 +177,8 @@ def prepare(sp: SlurmPlan, login: Transport, old: str, record: RunRecord) -> tup
         gpus, why = room(sp, s, used, cpus[s.slot])
         if why:
             return [], why
+        if "." not in record.steps.get(s.name, ""):  # its exact id is how the old step is cancelled
+            return [], f"the running step of {s.unit.role.name} has no id in the run record"
         if not routers_of(sp, s):
             return [], f"{s.unit.role.name} is behind no router: nothing would move its traffic to a new copy"
         g = record.generations.get(s.name, 0) + 1
