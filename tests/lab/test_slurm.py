@@ -287,6 +287,20 @@ def test_a_changed_engine_rolls_as_a_new_step_under_load_and_a_full_pair_is_refu
         assert rows["gpudeploy-slurmroll.worker-g1"][2] == new and rows["gpudeploy-slurmroll.worker-g1"][5:7] == \
             ["RUNNING", "ok"], status.stdout
         assert rows["gpudeploy-slurmroll.router"][7:] == ["1/1", "workers", "healthy"], status.stdout
+        logs = gpudeploy("logs", "-i", str(hosts), "-r", "worker")
+        assert ":31000" in logs.stdout, logs.stdout  # the copy's own output (the surge's shifted port)
+        # rolled back: generation 2 runs on the plan's own port and the GPUs generation 1 left free
+        roll_roles(roles, 128)
+        with Load(f"http://{address}:8000/generate", clients=2, timeout_s=20, limit_s=60) as load:
+            t0 = time.monotonic()
+            got = gpudeploy("deploy", "-i", str(hosts))
+            took = time.monotonic() - t0
+        failed = [s for s in load.sent if not s.ok]
+        print(f"roll back: {took:.2f} s, {len(load.sent)} requests, {len(failed)} failed\n{got.stdout}",
+              file=sys.stderr)
+        assert got.returncode == 0 and not failed, got.stdout + got.stderr
+        assert "GPUs 0,1,2,3, http://slurmn" in got.stdout and ":30000)" in got.stdout, got.stdout
+        assert record(slurm_lab, "slurmroll")["generations"] == {"gpudeploy-slurmroll.worker": 2}
     finally:
         down = gpudeploy("teardown", "-i", str(hosts))
         assert down.returncode == 0, down.stdout + down.stderr
