@@ -59,14 +59,18 @@ def _one(sp: SlurmPlan, login: Transport, record: RunRecord, p: r.Prepared, opts
             router_api.add(router, login, r.url_of(old), kind, old.ports.get("bootstrap"))
         for router, _ in joined:
             router_api.take_out(router, login, r.url_of(copy))
-        login.run(["rm", "-f", request], check=False, timeout=30)  # not started yet: never will be
-        new_id = watch.id or _find(login, job, p.copy.name)
+        # removed before the batch script took it: it never starts; else the step is found by its name
+        # (its srun may take a moment to reach slurmctld) and cancelled by its id
+        taken = login.run(["rm", request], check=False, timeout=30).rc != 0
+        new_id = watch.id or _find(login, job, p.copy.name, clock, FIND_S if taken else 0.0)
         if new_id:
             r.cancel_step(login, job, new_id)
             gone = r.ended(login, job, new_id, clock.now, clock.sleep)
             fate = f"new step {new_id} cancelled by its id ({gone or 'sacct does not call it ended yet'})"
         else:
-            fate = "the new step never started (its request was removed)"
+            fate = ("the new step never started (its request was removed)" if not taken else
+                    f"the new step's request was taken by the job but no step {p.copy.name} showed within "
+                    f"{FIND_S:g} s (`gpudeploy teardown` ends the whole job)")
         return False, (f"the roll of {name} failed: {why}\n{fate}; the old step {old_id} keeps serving "
                        "in the router"), record
 
@@ -96,10 +100,20 @@ def _one(sp: SlurmPlan, login: Transport, record: RunRecord, p: r.Prepared, opts
     return True, f"new step {watch.id} serves; old step {old_id} {state} (sacct)", record
 
 
-def _find(login: Transport, job: str, step_name: str) -> str:
-    """The running step of that name in this job (a copy started after its gate gave up)."""
+FIND_S = 5.0  # a request the batch script took -> its step in squeue -s (measured: < 1 s)
+
+
+def _find(login: Transport, job: str, step_name: str, clock: Clock, timeout_s: float) -> str:
+    """The step of that name in this job (a copy whose gate gave up before it was seen), waited for
+    at most ``timeout_s``; "" when there is none."""
     from .job import step_ids
 
-    running, acct = step_ids(login, job)
-    row = running.get(step_name) or acct.get(step_name)
-    return row.id if row is not None else ""
+    deadline = clock.now() + timeout_s
+    while True:
+        running, acct = step_ids(login, job)
+        row = running.get(step_name) or acct.get(step_name)
+        if row is not None:
+            return row.id
+        if clock.now() >= deadline:
+            return ""
+        clock.sleep(0.25)
