@@ -205,7 +205,10 @@ def deploy(c: Context, host: str | None = None, inventory: str | None = None, ro
 
         # the installed release's own memory defaults, asked once, then the verdicts with them; not
         # where deploy refuses a unit anyway (it touches no host then)
-        if (force or not memory_verdicts(p)[0]) and ask(p):
+        # (what it says goes where deploy's own lines go: stderr under --json, stdout stays the JSON)
+        with redirect_stdout(sys.stderr if json_ else sys.stdout):
+            learned = (force or not memory_verdicts(p)[0]) and ask(p)
+        if learned:
             p = plan_learning_flags(inventory, host=host, role=role, deployment=deployment, whole=True,
                                     store=calibration())
         if only_failed:
