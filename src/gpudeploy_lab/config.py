@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 STATE_DIR = Path("/var/lib/gpudeploy-lab")  # ssh key, known_hosts, per-host overlay upper dirs, logs
 CACHE_DIR = Path("/var/cache/gpudeploy-lab")  # rootfs tarball + unpacked base, keyed by content
@@ -79,40 +79,49 @@ class Machine(Protocol):
     def cgroup_path(self) -> str: ...
 
 
-@dataclass(frozen=True)
-class Host:
-    """One lab host: ``lab<index>`` at ``10.231.0.<10 + index>``."""
+class _HostKind:
+    """The names, folders and cgroups of one kind of host, derived from a few values per kind; a
+    subclass (``Host`` for lab1..labN, ``SlurmHost`` for the Slurm cluster) gives those values and
+    its hosts' ``name`` and ``octet``, so the two kinds never share a name, folder or cgroup."""
 
-    index: int
+    SUBNET: ClassVar[str]  # the bridge's /24 without its last byte: "10.231.0"
+    BRIDGE: ClassVar[str]
+    NET_PREFIX: ClassVar[str]  # of the netns and the outer veth (an interface name has at most 15 chars)
+    RUN_DIR: ClassVar[Path]  # mount points and pid files
+    STATE_DIR: ClassVar[Path]  # overlay upper dirs and logs
+    CGROUP_NAME: ClassVar[str]  # the hosts' cgroups live in <hierarchy>/<CGROUP_NAME>/<host>/
 
-    @property
-    def name(self) -> str:
-        return f"lab{self.index}"
+    if TYPE_CHECKING:  # each subclass's own; a property here would be SlurmHost's dataclass field's default
+        @property
+        def name(self) -> str: ...
+        @property
+        def octet(self) -> int: ...  # the address's last byte
 
     @property
     def address(self) -> str:
-        return f"10.231.0.{FIRST_HOST_OCTET - 1 + self.index}"
+        return f"{self.SUBNET}.{self.octet}"
 
     @property
     def mac(self) -> str:
-        """Fixed per host, so ARP caches stay right when a host is recreated at the same address."""
-        return f"02:00:0a:e7:00:{FIRST_HOST_OCTET - 1 + self.index:02x}"
+        """The address's bytes after 02:00, fixed per host, so ARP caches stay right when a host is
+        recreated at the same address."""
+        return "02:00:" + ":".join(f"{int(byte):02x}" for byte in self.address.split("."))
 
     @property
     def bridge(self) -> str:
-        return BRIDGE
+        return self.BRIDGE
 
     @property
     def netns(self) -> str:
-        return NET_PREFIX + self.name
+        return self.NET_PREFIX + self.name
 
     @property
     def veth(self) -> str:
-        return NET_PREFIX + self.name
+        return self.NET_PREFIX + self.name
 
     @property
     def run_dir(self) -> Path:
-        return RUN_DIR / self.name
+        return self.RUN_DIR / self.name
 
     @property
     def root(self) -> Path:
@@ -126,22 +135,44 @@ class Host:
     @property
     def state_dir(self) -> Path:
         """Overlay upper and work dirs; removed by ``down``."""
-        return STATE_DIR / "hosts" / self.name
+        return self.STATE_DIR / "hosts" / self.name
 
     @property
     def log_file(self) -> Path:
         """nspawn's console output of the latest boot (truncated at each boot)."""
-        return STATE_DIR / "logs" / f"{self.name}.log"
+        return self.STATE_DIR / "logs" / f"{self.name}.log"
 
     @property
     def cgroups(self) -> tuple[Path, ...]:
         """The host's cgroup in each hierarchy; the first is the v2 one."""
-        return tuple(root / self.name for root in CGROUP_ROOTS)
+        return tuple(root.with_name(self.CGROUP_NAME) / self.name for root in CGROUP_ROOTS)
 
     @property
     def cgroup_path(self) -> str:
         """The host's v2 cgroup as /proc/PID/cgroup names it: /gpudeploy-lab/lab1."""
-        return f"/{CGROUP_NAME}/{self.name}"
+        return f"/{self.CGROUP_NAME}/{self.name}"
+
+
+@dataclass(frozen=True)
+class Host(_HostKind):
+    """One lab host: ``lab<index>`` at ``10.231.0.<10 + index>``."""
+
+    SUBNET: ClassVar[str] = BRIDGE_ADDRESS.rpartition(".")[0]
+    BRIDGE: ClassVar[str] = BRIDGE
+    NET_PREFIX: ClassVar[str] = NET_PREFIX
+    RUN_DIR: ClassVar[Path] = RUN_DIR
+    STATE_DIR: ClassVar[Path] = STATE_DIR
+    CGROUP_NAME: ClassVar[str] = CGROUP_NAME
+
+    index: int
+
+    @property
+    def name(self) -> str:
+        return f"lab{self.index}"
+
+    @property
+    def octet(self) -> int:
+        return FIRST_HOST_OCTET - 1 + self.index
 
 
 # Private links (a bastion topology): a veth pair between two hosts' network namespaces, nothing of it
@@ -209,8 +240,15 @@ _SLURM_OCTETS = {SLURM_CONTROLLER: 10, **{n: 11 + i for i, n in enumerate(SLURM_
 
 
 @dataclass(frozen=True)
-class SlurmHost:
+class SlurmHost(_HostKind):
     """One host of the Slurm cluster: ``slurmctl`` (10.232.0.10) or ``slurmnN`` (10.232.0.1N)."""
+
+    SUBNET: ClassVar[str] = SLURM_BRIDGE_ADDRESS.rpartition(".")[0]
+    BRIDGE: ClassVar[str] = SLURM_BRIDGE
+    NET_PREFIX: ClassVar[str] = SLURM_NET_PREFIX
+    RUN_DIR: ClassVar[Path] = SLURM_RUN_DIR
+    STATE_DIR: ClassVar[Path] = SLURM_STATE_DIR
+    CGROUP_NAME: ClassVar[str] = SLURM_CGROUP_NAME
 
     name: str
 
@@ -221,54 +259,6 @@ class SlurmHost:
     @property
     def is_controller(self) -> bool:
         return self.name == SLURM_CONTROLLER
-
-    @property
-    def address(self) -> str:
-        return f"10.232.0.{self.octet}"
-
-    @property
-    def mac(self) -> str:
-        return f"02:00:0a:e8:00:{self.octet:02x}"
-
-    @property
-    def bridge(self) -> str:
-        return SLURM_BRIDGE
-
-    @property
-    def netns(self) -> str:
-        return SLURM_NET_PREFIX + self.name
-
-    @property
-    def veth(self) -> str:
-        return SLURM_NET_PREFIX + self.name
-
-    @property
-    def run_dir(self) -> Path:
-        return SLURM_RUN_DIR / self.name
-
-    @property
-    def root(self) -> Path:
-        return self.run_dir / "root"
-
-    @property
-    def pid_file(self) -> Path:
-        return self.run_dir / "nspawn.pid"
-
-    @property
-    def state_dir(self) -> Path:
-        return SLURM_STATE_DIR / "hosts" / self.name
-
-    @property
-    def log_file(self) -> Path:
-        return SLURM_STATE_DIR / "logs" / f"{self.name}.log"
-
-    @property
-    def cgroups(self) -> tuple[Path, ...]:
-        return tuple(root.with_name(SLURM_CGROUP_NAME) / self.name for root in CGROUP_ROOTS)
-
-    @property
-    def cgroup_path(self) -> str:
-        return f"/{SLURM_CGROUP_NAME}/{self.name}"
 
 
 def slurm_hosts() -> list[SlurmHost]:
