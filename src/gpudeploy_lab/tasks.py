@@ -8,6 +8,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from invoke.collection import Collection
 from invoke.context import Context
@@ -20,6 +22,17 @@ from gpudeploy_lab.system import LabError
 # module and need neither (~20 ms of a cold start, issue 26).
 
 
+@contextmanager
+def _exit_on_failure(task_name: str, *, bad_input: bool = False) -> Iterator[None]:
+    """A LabError (with ``bad_input``, also a ValueError: a flag the task could not use) ends the task
+    with ``lab <task_name> failed: <why>`` and exit status 1, not a traceback."""
+    errors: tuple[type[Exception], ...] = (LabError, ValueError) if bad_input else (LabError,)
+    try:
+        yield
+    except errors as exc:
+        raise Exit(f"lab {task_name} failed: {exc}", code=1) from exc
+
+
 @task(help={"hosts": "how many hosts: lab1..labN (default 3; 0 with --extra/--no-systemd: only those)",
             "private": "BASTION:HOST[,...]: HOST reachable at 10.232.<N>.2 only through BASTION",
             "no_systemd": "HOST[,...]: boot these without systemd (sshd under nspawn's stub init, like a "
@@ -29,14 +42,12 @@ def up(c: Context, hosts: int = 3, private: str = "", no_systemd: str = "", extr
     """Boot lab hosts (systemd + sshd), with the real engines they run (SGLang, vLLM, the router), and wait."""
     from gpudeploy_lab import control, engine
 
-    try:
+    with _exit_on_failure("up", bad_input=True):
         # once (~3 min on a fresh machine), then cached: lab/inventory/lab-sglang.yml runs the real SGLang
         # and the real router; lab/inventory/lab.yml's router is the real one too
         engine.ensure_all()
         control.up(hosts, private=control.parse_pairs(private), no_systemd=control.parse_names(no_systemd),
                    extra=control.parse_names(extra))
-    except (LabError, ValueError) as exc:
-        raise Exit(f"lab up failed: {exc}", code=1) from exc
 
 
 @task(name="sglang",
@@ -47,15 +58,13 @@ def sglang_release(c: Context, host: str, version: str = "", flags_like: str = "
     """Make a host's stand-in SGLang a release gpudeploy has not captured (/etc/gpudeploy-lab/sglang.json)."""
     from gpudeploy_lab import control
 
-    try:
+    with _exit_on_failure("sglang", bad_input=True):
         if clear:
             control.clear_sglang_release(host)
         elif version:
             control.set_sglang_release(host, version, flags_like or None)
         else:
             raise ValueError("give --version [--flags-like], or --clear")
-    except (LabError, ValueError) as exc:
-        raise Exit(f"lab sglang failed: {exc}", code=1) from exc
 
 
 @task(help={"host": "a running lab host", "restore": "give the host its GPUs back",
@@ -64,13 +73,11 @@ def nvml(c: Context, host: str, restore: bool = False, driver_not_loaded: bool =
     """Take a host's (fake) NVIDIA driver away: nvmlInit raises NVMLError_LibraryNotFound; --restore undoes."""
     from gpudeploy_lab import control
 
-    try:
+    with _exit_on_failure("nvml", bad_input=True):
         if restore:
             control.restore_nvml(host)
         else:
             control.remove_nvml(host, driver_not_loaded=driver_not_loaded)
-    except (LabError, ValueError) as exc:
-        raise Exit(f"lab nvml failed: {exc}", code=1) from exc
 
 
 @task(help={"host": "a running lab host", "gpu": "the GPU's index", "xid": "the Xid to log (79, 48, 94, ...)",
@@ -79,10 +86,8 @@ def xid(c: Context, host: str, gpu: int, xid: int, text: str = "") -> None:
     """Log a driver Xid for a host's GPU (its kernel-log stand-in) and set the NVML state that goes with it."""
     from gpudeploy_lab import control
 
-    try:
+    with _exit_on_failure("xid", bad_input=True):
         print(control.inject_xid(host, gpu, xid, text or None))
-    except (LabError, ValueError) as exc:
-        raise Exit(f"lab xid failed: {exc}", code=1) from exc
 
 
 @task(name="gpu", help={"host": "a running lab host", "gpu": "the GPU's index", "lost": "it fell off the bus",
@@ -94,7 +99,7 @@ def gpu_health(c: Context, host: str, gpu: int = 0, lost: bool = False, remap: s
     """Make a host's (stand-in) GPU unhealthy as NVML would show it; --restore makes every GPU healthy again."""
     from gpudeploy_lab import control
 
-    try:
+    with _exit_on_failure("gpu", bad_input=True):
         if restore:
             control.restore_gpu_health(host)
             return
@@ -112,8 +117,6 @@ def gpu_health(c: Context, host: str, gpu: int = 0, lost: bool = False, remap: s
         if slowdown:
             fields["clocks_event_reasons"] = 0x8
         print(json.dumps(control.set_gpu_health(host, gpu, **fields)))
-    except (LabError, ValueError) as exc:
-        raise Exit(f"lab gpu failed: {exc}", code=1) from exc
 
 
 @task(help={"bastion": "the host that relays (e.g. lab2)", "host": "the host behind it (e.g. lab3)",
@@ -122,13 +125,11 @@ def private(c: Context, bastion: str, host: str, remove: bool = False) -> None:
     """Put a running host behind a bastion: reachable at 10.232.<N>.2 (labN-private) only through it."""
     from gpudeploy_lab import control
 
-    try:
+    with _exit_on_failure("private", bad_input=True):
         if remove:
             control.remove_private_link(bastion, host)
         else:
             control.add_private_link(bastion, host)
-    except (LabError, ValueError) as exc:
-        raise Exit(f"lab private failed: {exc}", code=1) from exc
 
 
 @task(help={"only": "HOST[,...]: only these hosts; the others keep running"})
@@ -136,10 +137,8 @@ def down(c: Context, only: str = "") -> None:
     """Stop all lab hosts and remove everything they left behind."""
     from gpudeploy_lab import control
 
-    try:
+    with _exit_on_failure("down"):
         control.down(control.parse_names(only))
-    except LabError as exc:
-        raise Exit(f"lab down failed: {exc}", code=1) from exc
 
 
 @task
@@ -161,10 +160,8 @@ def engine_(c: Context) -> None:
     """Build (once, cached) what lab hosts see read-only: vLLM CPU + tiny model, and sglang-router."""
     from gpudeploy_lab import engine
 
-    try:
+    with _exit_on_failure("engine"):
         engine.ensure_all()
-    except LabError as exc:
-        raise Exit(f"lab engine failed: {exc}", code=1) from exc
 
 
 @task
@@ -172,10 +169,8 @@ def router(c: Context) -> None:
     """Build (once, cached) only the real sglang-router venv (0.3.2) that lab hosts see read-only."""
     from gpudeploy_lab import engine
 
-    try:
+    with _exit_on_failure("router"):
         engine.ensure_router()
-    except LabError as exc:
-        raise Exit(f"lab router failed: {exc}", code=1) from exc
 
 
 @task
@@ -183,11 +178,9 @@ def slurm_up(c: Context) -> None:
     """Boot the Slurm cluster (slurmctl + slurmn1/slurmn2, 10.232.0.0/24) with the engines, replacing one left up."""
     from gpudeploy_lab import engine, slurm
 
-    try:
+    with _exit_on_failure("slurm-up"):
         engine.ensure_all()  # the compute nodes run the real SGLang and router as job steps, like lab hosts
         slurm.up()
-    except LabError as exc:
-        raise Exit(f"lab slurm-up failed: {exc}", code=1) from exc
 
 
 @task
@@ -195,10 +188,8 @@ def slurm_down(c: Context) -> None:
     """Stop the Slurm cluster and remove everything it left (the main lab's hosts keep running)."""
     from gpudeploy_lab import slurm
 
-    try:
+    with _exit_on_failure("slurm-down"):
         slurm.down()
-    except LabError as exc:
-        raise Exit(f"lab slurm-down failed: {exc}", code=1) from exc
 
 
 @task
