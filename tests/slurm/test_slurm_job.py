@@ -5,103 +5,28 @@ order), how a dead step is named, and that teardown cancels the recorded job id 
 
 from __future__ import annotations
 
-import base64
 import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from slurm_fakes import COMMAND_ROLE, FakeLogin, Ticks, inventory, write_plan
 
-from gpudeploy.remote.base import Result
 from gpudeploy.slurm import job as jobmod
-from gpudeploy.slurm import queue
-from gpudeploy.slurm.job import Clock, Options, deploy
-from gpudeploy.slurm.plan import SlurmPlan, load_slurm_plan
+from gpudeploy.slurm.job import Options, deploy
+from gpudeploy.slurm.plan import SlurmPlan
 from gpudeploy.slurm.status import status_text, teardown
 
-INVENTORY = """\
-deployment: t1
-roles_dir: roles
-slurm:
-  login: {address: 10.232.0.10}
-  partition: gpu
-  time: "00:30:00"
-  gpus_per_node: 8
-  nodes: 1
-  output_dir: /shared/gd
-defaults:
-  gpu_memory_gib: 96
-hosts:
+INVENTORY = inventory("""\
   node0:
     numa_nodes: [{id: 0, gpus: [0, 1, 2, 3], cpus: "0"}]
     roles: [a, b]
-"""
-ROLE = """\
-engine: command
-gpus: 1
-ports: {http: %d}
-argv: ["/bin/server"]
-health: {timeout_s: 5}
-"""
+""")
 
 
 @pytest.fixture
 def planned(tmp_path: Path) -> SlurmPlan:
-    (tmp_path / "roles").mkdir()
-    (tmp_path / "hosts.yml").write_text(INVENTORY)
-    (tmp_path / "roles" / "a.yml").write_text(ROLE % 9000)
-    (tmp_path / "roles" / "b.yml").write_text(ROLE % 9001)
-    return load_slurm_plan(str(tmp_path / "hosts.yml"), memory=False)
-
-
-class FakeLogin:
-    """A login node: each command's answer comes from ``answer(argv)``; files put are kept."""
-
-    def __init__(self, answer: Callable[[list[str]], tuple[int, str]]) -> None:
-        self.answer = answer
-        self.files: dict[str, bytes] = {}
-        self.ran: list[list[str]] = []
-
-    def run(self, argv: list[str], *, stdin: bytes | None = None, timeout: float = 60.0,
-            check: bool = True) -> Result:
-        self.ran.append(argv)
-        if argv[:2] == ["bash", "-c"] and argv[3] == "gpudeploy-look":
-            return Result(0, self.look(argv[4], argv[6:]), "")
-        if argv[0] == "cat" and argv[1] in self.files:
-            return Result(0, self.files[argv[1]].decode(), "")
-        if argv[0] == "rm":
-            self.files.pop(argv[-1], None)
-            return Result(0, "", "")
-        rc, out = self.answer(argv)
-        return Result(rc, out, "")
-
-    def put(self, path: str, data: bytes, mode: int) -> None:
-        self.files[path] = data
-
-    def look(self, job: str, outputs: list[str]) -> str:
-        """The look's one command (slurm/look.py), answered from the separate commands it runs."""
-        def out(argv: list[str]) -> str:
-            rc, text = self.answer(argv)
-            return text if rc == 0 else ""
-        parts = ["@job", out(queue.job_argv(job)), "@steps", out(queue.steps_argv(job)),
-                 "@sacct", out(queue.sacct_argv(job))]
-        for i, (path, offset) in enumerate(zip(outputs[::2], outputs[1::2], strict=True)):
-            rc, text = self.answer(["tail", "-c", f"+{int(offset) + 1}", path])
-            data = text.encode() if rc == 0 else b""
-            parts += [f"@out {i} {int(offset) + len(data) if rc == 0 else -1}", base64.b64encode(data).decode()]
-        return "\n".join(p.rstrip("\n") for p in parts) + "\n"
-
-
-class Ticks(Clock):
-    """Each sleep moves time on: the loops run to their deadlines without waiting."""
-
-    def __init__(self) -> None:
-        self.t = 0.0
-        super().__init__(now=lambda: self.t, sleep=self._sleep)
-
-    def _sleep(self, s: float) -> None:
-        self.t += s
+    return write_plan(tmp_path, INVENTORY, {"a": COMMAND_ROLE % 9000, "b": COMMAND_ROLE % 9001})
 
 
 def test_a_pending_job_says_slurms_reason_and_is_cancelled_by_id_at_the_timeout(planned: SlurmPlan) -> None:
@@ -291,8 +216,7 @@ def test_status_shows_job_steps_and_health(planned: SlurmPlan, monkeypatch: pyte
 def test_a_step_whose_output_stops_moving_is_named_stalled(planned: SlurmPlan, tmp_path: Path,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     stalls = "health: {timeout_s: 30, stall_s: 2, on_stall: stop}"
-    (tmp_path / "roles" / "a.yml").write_text((ROLE % 9000).replace("health: {timeout_s: 5}", stalls))
-    sp = load_slurm_plan(str(tmp_path / "hosts.yml"), memory=False)
+    sp = write_plan(tmp_path, INVENTORY, {"a": (COMMAND_ROLE % 9000).replace("health: {timeout_s: 5}", stalls)})
     monkeypatch.setattr(jobmod, "status_of", lambda *a, **k: None)
 
     def answer(argv: list[str]) -> tuple[int, str]:

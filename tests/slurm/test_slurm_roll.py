@@ -10,30 +10,17 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from test_slurm_job import FakeLogin, Ticks
+from slurm_fakes import FakeLogin, Ticks, inventory, write_plan
 
 from gpudeploy.slurm import job as jobmod
 from gpudeploy.slurm.job import Options, deploy
-from gpudeploy.slurm.plan import SlurmPlan, load_slurm_plan
+from gpudeploy.slurm.plan import SlurmPlan
 from gpudeploy.slurm.roll import changed_engines, request_text, room, used_gpus
 from gpudeploy.slurm.script import step_of
 from gpudeploy.verify import router_api
 
 HOSTILE = "a'b\"c $(touch PWNED) `touch PWNED` ${HOME} ; touch PWNED"
-INVENTORY = """\
-deployment: t1
-roles_dir: roles
-slurm:
-  login: {address: 10.232.0.10}
-  partition: gpu
-  time: "%s"
-  gpus_per_node: 8
-  nodes: 1
-  output_dir: %s
-defaults:
-  gpu_memory_gib: 96
-  engine_versions: {sglang: "0.5.23", sglang_router: "0.3.2"}
-hosts:
+HOSTS = """\
   node0:
     numa_nodes: [{id: 0, gpus: [0, 1, 2, 3], cpus: "0"}, {id: 1, gpus: [4, 5, 6, 7], cpus: "1"}]
     roles: [{role: a, numa_node: 0}, r]
@@ -55,11 +42,9 @@ health: {timeout_s: 5}
 
 def plan(tmp_path: Path, *, max_: str = "128", gpus: int = 2, policy: str = "round_robin",
          time: str = "00:30:00", out: str = "/shared/gd") -> SlurmPlan:
-    (tmp_path / "roles").mkdir(exist_ok=True)
-    (tmp_path / "hosts.yml").write_text(INVENTORY % (time, out))
-    (tmp_path / "roles" / "a.yml").write_text(ENGINE % (gpus, max_.replace("\\", "\\\\").replace('"', '\\"')))
-    (tmp_path / "roles" / "r.yml").write_text(ROUTER % policy)
-    return load_slurm_plan(str(tmp_path / "hosts.yml"), memory=False)
+    versions = '  engine_versions: {sglang: "0.5.23", sglang_router: "0.3.2"}\n'
+    return write_plan(tmp_path, inventory(HOSTS, time=time, output_dir=out, defaults=versions),
+                      {"a": ENGINE % (gpus, max_.replace("\\", "\\\\").replace('"', '\\"')), "r": ROUTER % policy})
 
 
 def test_room_is_free_gpus_of_the_slot_and_a_cpu_for_an_exact_step(tmp_path: Path) -> None:

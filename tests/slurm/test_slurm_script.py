@@ -9,34 +9,20 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from slurm_fakes import inventory, write_plan
 
 from gpudeploy.slurm.plan import SlurmPlan, load_slurm_plan
 
 HOSTILE = "a'b\"c $(touch PWNED) `touch PWNED` ${HOME} ; touch PWNED"
 
-INVENTORY = """\
-deployment: t1
-roles_dir: roles
-slurm:
-  login: {address: 10.232.0.10}
-  partition: gpu
-  account: proj
-  qos: high
-  time: "00:30:00"
-  gpus_per_node: 8
-  nodes: 2
-  output_dir: /shared/gd
-defaults:
-  gpu_memory_gib: 96
-  env: {HOSTILE: "%s"}
-hosts:
+INVENTORY = inventory("""\
   node0:
     numa_nodes: [{id: 0, gpus: [0, 1, 2, 3], cpus: "0"}, {id: 1, gpus: [4, 5, 6, 7], cpus: "1"}]
     roles: [{role: echo, numa_node: 1}]
   node1:
     numa_nodes: [{id: 0, gpus: [0, 1, 2, 3], cpus: "0-3"}]
     roles: [peer]
-"""
+""", nodes=2, slurm="  account: proj\n  qos: high\n", defaults='  env: {HOSTILE: "%s"}\n')
 ECHO = """\
 engine: command
 gpus: 2
@@ -53,12 +39,8 @@ argv: ["/bin/echo", "{{ address }}"]
 
 @pytest.fixture
 def planned(tmp_path: Path) -> SlurmPlan:
-    (tmp_path / "roles").mkdir()
     escaped = HOSTILE.replace("\\", "\\\\").replace('"', '\\"')
-    (tmp_path / "hosts.yml").write_text(INVENTORY % escaped)
-    (tmp_path / "roles" / "echo.yml").write_text(ECHO % escaped)
-    (tmp_path / "roles" / "peer.yml").write_text(PEER)
-    return load_slurm_plan(str(tmp_path / "hosts.yml"), memory=False)
+    return write_plan(tmp_path, INVENTORY % escaped, {"echo": ECHO % escaped, "peer": PEER})
 
 
 def run_script(sp: SlurmPlan, tmp_path: Path) -> list[list[str]]:
@@ -136,11 +118,7 @@ def test_env_file_sources_to_the_exact_values(planned: SlurmPlan, tmp_path: Path
 
 
 def test_secrets_are_masked_in_the_plan_and_never_in_the_script(tmp_path: Path) -> None:
-    (tmp_path / "roles").mkdir()
-    (tmp_path / "hosts.yml").write_text(INVENTORY % "x")
-    (tmp_path / "roles" / "echo.yml").write_text(ECHO % "x" + "secret_env: [HF_TOKEN]\n")
-    (tmp_path / "roles" / "peer.yml").write_text(PEER)
-    sp = load_slurm_plan(str(tmp_path / "hosts.yml"), memory=False)
+    sp = write_plan(tmp_path, INVENTORY % "x", {"echo": ECHO % "x" + "secret_env: [HF_TOKEN]\n", "peer": PEER})
     assert "HF_TOKEN" not in sp.script
     assert "HF_TOKEN='********'" in sp.files()["/shared/gd/t1/t1.echo.env"]
     assert "HF_TOKEN=hf_secret" in sp.files({"HF_TOKEN": "hf_secret"})["/shared/gd/t1/t1.echo.env"]

@@ -11,45 +11,24 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+from slurm_fakes import COMMAND_ROLE, inventory, write_plan
+
 from gpudeploy.errors import HostUnreachable
 from gpudeploy.remote.base import Result
 from gpudeploy.slurm import watch as watchmod
 from gpudeploy.slurm.look import Look, Reader
-from gpudeploy.slurm.plan import load_slurm_plan
 from gpudeploy.slurm.queue import JobState, StepRow
 
-INVENTORY = """\
-deployment: t1
-roles_dir: roles
-slurm:
-  login: {address: 10.232.0.10}
-  partition: gpu
-  time: "00:30:00"
-  gpus_per_node: 8
-  nodes: 1
-  output_dir: /shared/gd
-defaults:
-  gpu_memory_gib: 96
-hosts:
+INVENTORY = inventory("""\
   node0:
     numa_nodes: [{id: 0, gpus: [0, 1, 2, 3], cpus: "0"}]
     roles: [a]
-"""
-ROLE = """\
-engine: command
-gpus: 1
-ports: {http: 9000}
-argv: ["/bin/server"]
-health: {timeout_s: 5}
-"""
+""")
 RUNNING = JobState("RUNNING", "None", "x", "slurmn1")
 
 
 def planned(tmp_path: Path) -> Any:
-    (tmp_path / "roles").mkdir()
-    (tmp_path / "hosts.yml").write_text(INVENTORY)
-    (tmp_path / "roles" / "a.yml").write_text(ROLE)
-    return load_slurm_plan(str(tmp_path / "hosts.yml"), memory=False)
+    return write_plan(tmp_path, INVENTORY, {"a": COMMAND_ROLE % 9000})
 
 
 def follow(tmp_path: Path) -> watchmod.Watch:
@@ -112,11 +91,9 @@ class Login:
         return Result(1, "", "")
 
 
-def test_the_watch_prints_the_whole_status_then_the_death_with_its_cause(tmp_path: Path, monkeypatch: Any) -> None:
-    monkeypatch.setattr(watchmod, "POLL_S", 0.01)
-    monkeypatch.setattr(watchmod, "status_of", lambda *a, **k: 200)
-    monkeypatch.setattr("gpudeploy.slurm.status.status_of", lambda *a, **k: 200)
-    sp, login, out, stop = planned(tmp_path), Login(), io.StringIO(), threading.Event()
+def watch_until_cancelled(sp: Any, login: Login) -> str:
+    """What the watch printed until it said a step CANCELLED (or about 4 s went by)."""
+    out, stop = io.StringIO(), threading.Event()
     worker = threading.Thread(target=watchmod.watch, args=(sp, login, out, stop))
     worker.start()
     try:
@@ -127,7 +104,14 @@ def test_the_watch_prints_the_whole_status_then_the_death_with_its_cause(tmp_pat
     finally:
         stop.set()
         worker.join(10)
-    text = out.getvalue()
+    return out.getvalue()
+
+
+def test_the_watch_prints_the_whole_status_then_the_death_with_its_cause(tmp_path: Path, monkeypatch: Any) -> None:
+    monkeypatch.setattr(watchmod, "POLL_S", 0.01)
+    monkeypatch.setattr(watchmod, "status_of", lambda *a, **k: 200)
+    monkeypatch.setattr("gpudeploy.slurm.status.status_of", lambda *a, **k: 200)
+    text = watch_until_cancelled(planned(tmp_path), Login())
     assert text.startswith("job 7 RUNNING on slurmn1\n")
     assert "watching job 7" in text
     changes = [line for line in text.splitlines() if line[:2].isdigit()]  # "HH:MM:SS step ..."
@@ -163,18 +147,8 @@ def test_a_broken_connection_is_said_opened_again_and_the_death_still_named(tmp_
     monkeypatch.setattr(watchmod, "RECONNECT_S", (0.01, 0.01))
     monkeypatch.setattr(watchmod, "status_of", lambda *a, **k: 200)
     monkeypatch.setattr("gpudeploy.slurm.status.status_of", lambda *a, **k: 200)
-    sp, login, out, stop = planned(tmp_path), Flaky(), io.StringIO(), threading.Event()
-    worker = threading.Thread(target=watchmod.watch, args=(sp, login, out, stop))
-    worker.start()
-    try:
-        deadline = 200
-        while "CANCELLED" not in out.getvalue() and deadline:
-            stop.wait(0.02)
-            deadline -= 1
-    finally:
-        stop.set()
-        worker.join(10)
-    text = out.getvalue()
+    login = Flaky()
+    text = watch_until_cancelled(planned(tmp_path), login)
     assert "login node 10.232.0.10: login: connection lost; trying again" in text, text
     assert "login node 10.232.0.10: reachable again" in text
     assert login.opened == 1
