@@ -13,7 +13,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import yaml
 
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 REPO = Path(__file__).resolve().parents[2]
 KEY = "/var/lib/gpudeploy-lab/id_ed25519"
 KNOWN_HOSTS = "/var/lib/gpudeploy-lab/known_hosts"
+T = TypeVar("T")
 NUMA = [{"id": 0, "gpus": [0, 1, 2, 3], "cpus": "0"}, {"id": 1, "gpus": [4, 5, 6, 7], "cpus": "1"}]
 
 
@@ -92,6 +93,19 @@ def http(url: str, body: dict[str, Any] | None = None, timeout: float = 5) -> tu
         return exc.code, exc.read().decode()
     except (urllib.error.URLError, OSError) as exc:
         return 0, str(exc)
+
+
+def poll(what: str, probe: Callable[[], T | None], timeout: float, interval: float = 0.05) -> T:
+    """``probe()`` until it returns something other than None (a falsy value counts, unlike
+    :func:`wait_for`); fail naming ``what`` at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value is not None:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout:.0f} s")
+        time.sleep(interval)  # the poll's pause; the deadline bounds the wait
 
 
 def wait_for(cond: Callable[[], Any], timeout: float, what: str, every: float = 0.2) -> Any:

@@ -18,11 +18,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 import pytest
+from deploytools import poll
 
 if TYPE_CHECKING:
     from conftest import SlurmLab
@@ -31,18 +32,6 @@ pytestmark = pytest.mark.lab
 
 REPO = Path(__file__).resolve().parents[2]
 INVENTORY = REPO / "lab" / "inventory" / "lab-slurm.yml"
-T = TypeVar("T")
-
-
-def poll(what: str, probe: Callable[[], T | None], timeout: float, interval: float = 0.05) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value is not None:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout:.0f} s")
-        time.sleep(interval)  # the poll's pause; the deadline bounds the wait
 
 
 def gpudeploy(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:

@@ -10,32 +10,17 @@ against a deadline.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 import pytest
+from deploytools import poll
 
 if TYPE_CHECKING:
     from conftest import SlurmLab
 
 pytestmark = pytest.mark.lab
-
-T = TypeVar("T")
-
-
-def poll(what: str, probe: Callable[[], T | None], timeout: float, interval: float = 0.1) -> T:
-    """``probe()`` until it returns something other than None; fail naming ``what`` at the deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value is not None:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout:.0f} s")
-        time.sleep(interval)  # the poll's pause; the deadline bounds the wait
 
 
 def submit(slurm: SlurmLab, script: str) -> str:
@@ -67,7 +52,7 @@ wait
     seen: dict[str, list[str]] = {}
     for s in ("a", "b"):
         out = slurm_lab.shared / f"{job}.{s}.out"
-        seen[s] = poll(f"step {s}'s output", partial(lines_of, out, 2), 30)
+        seen[s] = poll(f"step {s}'s output", partial(lines_of, out, 2), 30, interval=0.1)
     gpus = {s: set(lines[0].split(",")) for s, lines in seen.items()}
     cpus = {s: lines[1].split(":")[1].strip() for s, lines in seen.items()}
     assert gpus["a"].isdisjoint(gpus["b"]), seen
