@@ -1,10 +1,12 @@
-"""What the Slurm tests share: a deployment's inventory and roles written to a folder and planned,
-a fake login node that answers with the outputs Slurm 22.05 printed in the lab
-(shared/reference/slurm-lab.md), and a clock whose sleeps move time on without waiting."""
+"""What the Slurm tests share: a deployment's inventory and roles written to a folder and planned;
+a batch script run by bash under a fake ``srun``; a fake login node that answers with the outputs
+Slurm 22.05 printed in the lab (shared/reference/slurm-lab.md); a clock whose sleeps move time on
+without waiting."""
 
 from __future__ import annotations
 
 import base64
+import subprocess
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -50,6 +52,24 @@ def write_plan(folder: Path, inventory_text: str, roles: Mapping[str, str]) -> S
     for name, text in roles.items():
         (folder / "roles" / f"{name}.yml").write_text(text)
     return load_slurm_plan(str(folder / "hosts.yml"), memory=False)
+
+
+def run_batch_script(script: str, folder: Path, nodes: list[str], nodelist: str) -> list[list[str]]:
+    """Run ``script`` with bash in ``folder`` as the job on ``nodes`` (SLURM_JOB_NODELIST ``nodelist``),
+    with a fake ``scontrol`` (show hostnames: ``nodes``) and ``srun`` on PATH; each srun's argv."""
+    bin_ = folder / "bin"
+    bin_.mkdir()
+    hostnames = "".join(f"{node}\\n" for node in nodes)  # printf's escapes, one node a line
+    (bin_ / "scontrol").write_text(f"#!/bin/sh\nprintf '{hostnames}'\n")
+    (bin_ / "srun").write_text('#!/bin/bash\nprintf "%s\\0" "$@" > "$CALLS/$$"\n')
+    for f in bin_.iterdir():
+        f.chmod(0o755)
+    calls = folder / "calls"
+    calls.mkdir()
+    (folder / "job.sh").write_text(script)
+    env = {"PATH": f"{bin_}:/usr/bin:/bin", "CALLS": str(calls), "SLURM_JOB_NODELIST": nodelist, "HOME": "/nonexistent"}
+    subprocess.run(["/bin/bash", str(folder / "job.sh")], cwd=folder, env=env, check=True, timeout=30)
+    return [c.read_bytes().decode().split("\0")[:-1] for c in calls.iterdir()]
 
 
 class FakeLogin:

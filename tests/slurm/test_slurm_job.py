@@ -29,6 +29,19 @@ def planned(tmp_path: Path) -> SlurmPlan:
     return write_plan(tmp_path, INVENTORY, {"a": COMMAND_ROLE % 9000, "b": COMMAND_ROLE % 9001})
 
 
+def running_job(argv: list[str], *, submitted: str, steps: str,
+                state: str = "RUNNING|None|x|slurmn1\n") -> tuple[int, str] | None:
+    """Slurm's words for a job running on slurmn1: sbatch's ``submitted``, the node, ``steps`` (squeue -s)
+    and the job's ``state`` (squeue); None for any other command."""
+    if argv[0] == "sbatch":
+        return 0, submitted
+    if argv[:3] == ["scontrol", "show", "hostnames"]:
+        return 0, "slurmn1\n"
+    if argv[0] == "squeue":
+        return 0, steps if "-s" in argv else state
+    return None
+
+
 def test_a_pending_job_says_slurms_reason_and_is_cancelled_by_id_at_the_timeout(planned: SlurmPlan) -> None:
     def answer(argv: list[str]) -> tuple[int, str]:
         if argv[0] == "sbatch":
@@ -55,23 +68,18 @@ def test_a_killed_step_is_named_with_its_id_state_and_output(planned: SlurmPlan,
     polls = {"n": 0}
 
     def answer(argv: list[str]) -> tuple[int, str]:
-        if argv[0] == "sbatch":
-            return 0, "7;lab\n"
-        if argv[:3] == ["scontrol", "show", "hostnames"]:
-            return 0, "slurmn1\n"
         if argv[0] == "squeue" and "-s" in argv:
             polls["n"] += 1
-            # step numbers follow the order sruns reached slurmctld: b is 7.0 here
-            rows = "7.0|gpudeploy-t1.b|slurmn1\n7.batch|batch|slurmn1\n"
-            return 0, rows + ("7.1|gpudeploy-t1.a|slurmn1\n" if polls["n"] < 3 else "")
-        if argv[0] == "squeue":
-            return 0, "RUNNING|None|2026-12-07T19:00:00|slurmn1\n"
         if argv[0] == "sacct":
             return 0, ("7|gpudeploy-t1|RUNNING|0:0|slurmn1\n7.0|gpudeploy-t1.b|RUNNING|0:0|slurmn1\n"
                        + ("7.1|gpudeploy-t1.a|CANCELLED|0:9|slurmn1\n" if polls["n"] >= 3 else ""))
         if argv[0] == "tail" and argv[-1] == "/shared/gd/7.t1.a.out":
             return 0, "starting\n"
-        return 1, ""
+        # step numbers follow the order sruns reached slurmctld: b is 7.0 here
+        steps = "7.0|gpudeploy-t1.b|slurmn1\n7.batch|batch|slurmn1\n"
+        steps += "7.1|gpudeploy-t1.a|slurmn1\n" if polls["n"] < 3 else ""
+        return running_job(argv, submitted="7;lab\n", steps=steps,
+                           state="RUNNING|None|2026-12-07T19:00:00|slurmn1\n") or (1, "")
     login = FakeLogin(answer)
     said: list[str] = []
     out = deploy(planned, login, Options(), said.append, clock=Ticks())  # type: ignore[arg-type]
@@ -91,18 +99,12 @@ def test_a_killed_step_whose_sacct_row_lags_is_still_named_with_sacct_s_words(
     polls = {"n": 0}
 
     def answer(argv: list[str]) -> tuple[int, str]:
-        if argv[0] == "sbatch":
-            return 0, "7\n"
-        if argv[:3] == ["scontrol", "show", "hostnames"]:
-            return 0, "slurmn1\n"
         if argv[0] == "squeue" and "-s" in argv:
             polls["n"] += 1
-            return 0, "7.0|gpudeploy-t1.b|slurmn1\n" + ("7.1|gpudeploy-t1.a|slurmn1\n" if polls["n"] < 3 else "")
-        if argv[0] == "squeue":
-            return 0, "RUNNING|None|x|slurmn1\n"
         if argv[0] == "sacct":  # its end reaches sacct two polls after squeue -s dropped it
             return 0, "7.1|gpudeploy-t1.a|" + ("CANCELLED|0:9" if polls["n"] >= 5 else "RUNNING|0:0") + "|slurmn1\n"
-        return 1, ""
+        steps = "7.0|gpudeploy-t1.b|slurmn1\n" + ("7.1|gpudeploy-t1.a|slurmn1\n" if polls["n"] < 3 else "")
+        return running_job(argv, submitted="7\n", steps=steps) or (1, "")
     out = deploy(planned, FakeLogin(answer), Options(), lambda s: None, clock=Ticks())  # type: ignore[arg-type]
     assert out.message.startswith("step 7.1 gpudeploy-t1.a of job 7 on slurmn1: CANCELLED: killed by signal 9"), \
         out.message
@@ -117,15 +119,8 @@ def test_each_gate_poll_is_one_remote_command_for_every_step(planned: SlurmPlan,
     per_poll: list[list[str]] = []
 
     def answer(argv: list[str]) -> tuple[int, str]:
-        if argv[0] == "sbatch":
-            return 0, "7\n"
-        if argv[:3] == ["scontrol", "show", "hostnames"]:
-            return 0, "slurmn1\n"
-        if argv[0] == "squeue" and "-s" in argv:
-            return 0, "7.0|gpudeploy-t1.a|slurmn1\n7.1|gpudeploy-t1.b|slurmn1\n"
-        if argv[0] == "squeue":
-            return 0, "RUNNING|None|x|slurmn1\n"
-        return 1, ""
+        return running_job(argv, submitted="7\n", steps="7.0|gpudeploy-t1.a|slurmn1\n7.1|gpudeploy-t1.b|slurmn1\n") \
+            or (1, "")
     login = FakeLogin(answer)
     ticks = Ticks()
     sleep = ticks.sleep
@@ -220,17 +215,10 @@ def test_a_step_whose_output_stops_moving_is_named_stalled(planned: SlurmPlan, t
     monkeypatch.setattr(jobmod, "status_of", lambda *a, **k: None)
 
     def answer(argv: list[str]) -> tuple[int, str]:
-        if argv[0] == "sbatch":
-            return 0, "3\n"
-        if argv[:3] == ["scontrol", "show", "hostnames"]:
-            return 0, "slurmn1\n"
-        if argv[0] == "squeue" and "-s" in argv:
-            return 0, "3.0|gpudeploy-t1.a|slurmn1\n3.1|gpudeploy-t1.b|slurmn1\n"
-        if argv[0] == "squeue":
-            return 0, "RUNNING|None|x|slurmn1\n"
         if argv[0] == "tail" and argv[2] == "+1" and argv[-1].endswith(".a.out"):
             return 0, "Load weight begin\n"  # then nothing more
-        return 1, ""
+        return running_job(argv, submitted="3\n", steps="3.0|gpudeploy-t1.a|slurmn1\n3.1|gpudeploy-t1.b|slurmn1\n") \
+            or (1, "")
     said: list[str] = []
     out = deploy(sp, FakeLogin(answer), Options(), said.append, clock=Ticks())  # type: ignore[arg-type]
     assert not out.ok

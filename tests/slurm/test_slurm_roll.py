@@ -6,11 +6,10 @@ job's batch script starts is rendered like its srun lines, every word literal.""
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
-from slurm_fakes import FakeLogin, Ticks, inventory, write_plan
+from slurm_fakes import FakeLogin, Ticks, inventory, run_batch_script, write_plan
 
 from gpudeploy.slurm import job as jobmod
 from gpudeploy.slurm.job import Options, deploy
@@ -77,18 +76,6 @@ def test_only_engines_roll(tmp_path: Path) -> None:
     assert "starts no new steps" in changed_engines(plan(tmp_path, max_="64"), before)[1]
 
 
-def fake_bin(tmp_path: Path) -> dict[str, str]:
-    bin_ = tmp_path / "bin"
-    bin_.mkdir()
-    (bin_ / "scontrol").write_text("#!/bin/sh\nprintf 'slurmn1\\n'\n")
-    (bin_ / "srun").write_text('#!/bin/bash\nprintf "%s\\0" "$@" > "$CALLS/$$"\n')
-    for f in bin_.iterdir():
-        f.chmod(0o755)
-    (tmp_path / "calls").mkdir()
-    return {"PATH": f"{bin_}:/usr/bin:/bin", "CALLS": str(tmp_path / "calls"), "SLURM_JOB_NODELIST": "slurmn1",
-            "HOME": "/nonexistent"}
-
-
 def test_the_batch_script_starts_a_request_once_with_literal_words_and_ends(tmp_path: Path) -> None:
     """A request put in the deployment's requests folder is started by the job's batch script as an
     srun like its own (the slot's node filled in, a hostile argument one literal word), moved aside,
@@ -100,10 +87,7 @@ def test_the_batch_script_starts_a_request_once_with_literal_words_and_ends(tmp_
     requests = out / "t1" / "requests"
     requests.mkdir(parents=True)
     (requests / "x.step").write_text(request_text(copy, "a generation 1 on slot 0, GPUs 2,3"))
-    env = fake_bin(tmp_path)
-    (tmp_path / "job.sh").write_text(sp.script)
-    subprocess.run(["/bin/bash", str(tmp_path / "job.sh")], cwd=tmp_path, env=env, check=True, timeout=30)
-    calls = [c.read_bytes().decode().split("\0")[:-1] for c in (tmp_path / "calls").iterdir()]
+    calls = run_batch_script(sp.script, tmp_path, ["slurmn1"], "slurmn1")
     names = sorted(c[c.index("-J") + 1] for c in calls)
     assert names == ["gpudeploy-t1.a", "gpudeploy-t1.a", "gpudeploy-t1.r"]  # the request ran once
     assert sorted(p.name for p in requests.iterdir()) == ["x.step.started"]

@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from slurm_fakes import inventory, write_plan
+from slurm_fakes import inventory, run_batch_script, write_plan
 
 from gpudeploy.slurm.plan import SlurmPlan, load_slurm_plan
 
@@ -44,21 +44,8 @@ def planned(tmp_path: Path) -> SlurmPlan:
 
 
 def run_script(sp: SlurmPlan, tmp_path: Path) -> list[list[str]]:
-    """Run the batch script with fake srun/scontrol; each srun's argv (NUL-separated) is returned."""
-    bin_ = tmp_path / "bin"
-    bin_.mkdir()
-    (bin_ / "scontrol").write_text("#!/bin/sh\nprintf 'slurmn1\\nslurmn2\\n'\n")
-    (bin_ / "srun").write_text('#!/bin/bash\nprintf "%s\\0" "$@" > "$CALLS/$$"\n')
-    for f in bin_.iterdir():
-        f.chmod(0o755)
-    calls = tmp_path / "calls"
-    calls.mkdir()
-    script = tmp_path / "job.sh"
-    script.write_text(sp.script)
-    env = {"PATH": f"{bin_}:/usr/bin:/bin", "CALLS": str(calls), "SLURM_JOB_NODELIST": "slurmn[1-2]",
-           "HOME": "/nonexistent"}
-    subprocess.run(["/bin/bash", str(script)], cwd=tmp_path, env=env, check=True, timeout=30)
-    return [c.read_bytes().decode().split("\0")[:-1] for c in calls.iterdir()]
+    """Run the batch script with fake srun/scontrol; each srun's argv."""
+    return run_batch_script(sp.script, tmp_path, ["slurmn1", "slurmn2"], "slurmn[1-2]")
 
 
 def test_sbatch_options_are_exact(planned: SlurmPlan) -> None:
