@@ -43,6 +43,16 @@ def wanted(units: tuple[Unit, ...] | list[Unit]) -> list[Unit]:
     return out
 
 
+def last_line(error: object) -> str:
+    """What a host's failed answer says, as one line: a python traceback's last line (the exception),
+    never the traceback itself, which a user would read as gpudeploy's own crash."""
+    text = str(error).strip()
+    head = text.split(":", 1)[0] if text.startswith("exit ") else ""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    last = lines[-1] if lines else text
+    return (f"{head}: {last}" if head and not last.startswith(head) else last)[-200:]
+
+
 def on_cuda(argv: tuple[str, ...] | list[str]) -> bool:
     """The release's memory defaults are those of a CUDA GPU: a server told ``--device cpu`` (the lab's
     real SGLang) has none to give, and asking it would cost an import of the release for nothing."""
@@ -91,10 +101,10 @@ def ask(plan: Plan) -> list[str]:
         answers: list[Any] = list(facts.get("defaults") or [])[:len(mine)]
         for (u, mib, args), answer in zip(mine, answers + [{}] * (len(mine) - len(answers)), strict=True):
             if not isinstance(answer, dict) or "error" in answer or not answer:
-                why = answer.get("error") if isinstance(answer, dict) else answer
+                why = last_line(answer.get("error") if isinstance(answer, dict) else answer)
                 defaultscache.save_no_answer("defaults", host.name, [u.argv[0], str(u.engine_version)], str(why))
                 say(f"[{host.name}] could not ask sglang {u.engine_version} for its memory defaults ({u.role.name}): "
-                    f"{str(why)[-200:]}; the plan keeps {u.engine_version}'s captured rules (not asked again there "
+                    f"{why}; the plan keeps {u.engine_version}'s captured rules (not asked again there "
                     "for a day)")
                 continue
             try:
@@ -124,7 +134,7 @@ def _models(host: Host, paths: list[str], answers: Any) -> list[str]:
         try:
             if "error" in got:
                 defaultscache.save_no_answer("model", host.name, [path], str(got["error"]))
-                raise ValueError(str(got["error"])[-200:])
+                raise ValueError(last_line(got["error"]))
             kept = defaultscache.save_model(host.name, path, got)
         except (ValueError, AttributeError, TypeError) as exc:
             say(f"[{host.name}] could not read the model at {path} there ({exc}); its memory check stays unknown")
