@@ -269,6 +269,15 @@ FAULT_TEXTS = {
         "2. set --cuda-graph-max-bs to a smaller value (e.g., 16)",
         "Received sigquit from a child process. It usually means the child failed.",
     ],
+    # a capture OOM whose figures read as a real one's (less free than asked), for reports without figures
+    "oom-graph-spent": [
+        "Scheduler hit an exception: Traceback (most recent call last):",
+        "Exception: Capture cuda graph failed: CUDA out of memory. Tried to allocate 2.00 GiB. "
+        "GPU 0 has a total capacity of 139.80 GiB of which 0.50 GiB is free.",
+        "Possible solutions:",
+        "1. set --mem-fraction-static to a smaller value (e.g., 0.8 or 0.7)",
+        "Received sigquit from a child process. It usually means the child failed.",
+    ],
     # the field report's own line, from rank 1, as torch raised it inside the capture
     "oom-graph-field": [
         "TP1] Scheduler hit an exception: Traceback (most recent call last):",

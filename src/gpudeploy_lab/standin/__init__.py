@@ -62,6 +62,9 @@ Workers exit when the launcher's pipe closes (launcher killed); a SIGKILLed work
 Faults (SGLANG_STANDIN_FAULT; an unknown name exits 2):
   oom-graph          rank 0 fails mid CUDA graph capture: "Capture cuda graph failed: CUDA out of
                      memory. Tried to allocate 7.50 GiB. ..." + "Possible solutions:" lines
+  oom-graph-spent    as oom-graph, with figures a real capture OOM has (less free than asked, whatever the
+                     stand-in's own arithmetic left): "... Tried to allocate 2.00 GiB. GPU 0 has a total capacity
+                     of ... of which 0.50 GiB is free. ..." (a field report that names no figures)
   oom-graph-field    the field report's MTP OOM: rank 1 (0 at TP1) dies mid capture with torch's text alone,
                      no "Capture cuda graph failed" wrapper: "torch.OutOfMemoryError: CUDA out of memory.
                      Tried to allocate 7.50 GiB. GPU 1 has a total capacity of 94.97 GiB of which 2.30 GiB is
@@ -110,6 +113,7 @@ memory differs by more than 10% ("The memory capacity is unbalanced", e.g. an or
 FAULTS = (
     "oom-graph",
     "oom-graph-field",
+    "oom-graph-spent",
     "kv-not-enough",
     "weights-oom",
     "mamba-oom",

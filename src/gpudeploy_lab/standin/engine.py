@@ -479,7 +479,7 @@ def rank_script(plan: EnginePlan, rank: int, flt: str, k: float, shards: int = 1
             bar("desc", text=progress.capture_desc(sizes[-1], plan.avail_after_pool / GIB))
             acts.append({"op": "hang"})
             return done()
-        fail_at = n // 2 if ((fail and fail.phase == "graph") or (flt == "oom-graph" and rank == 0)
+        fail_at = n // 2 if ((fail and fail.phase == "graph") or (flt in ("oom-graph", "oom-graph-spent") and rank == 0)
                              or (flt == "oom-graph-field" and rank == victim)) else -1
         die_at = n // 2 if (flt == "worker-dies" and rank == victim) else -1
         # The other ranks capture in lockstep with the victim (every graph holds collectives): they
@@ -495,6 +495,10 @@ def rank_script(plan: EnginePlan, rank: int, flt: str, k: float, shards: int = 1
                     return die("graph", fail.message)
                 if flt == "oom-graph-field":
                     return die("graph-torch", FIELD_OOM_TEXT)
+                if flt == "oom-graph-spent":
+                    # forced, as a real capture OOM reads: the headroom is spent (less free than it asks for),
+                    # whatever the stand-in's own arithmetic left
+                    return die("graph", "Exception: " + graph_oom_text(2 * GIB, rp, GIB // 2))
                 free = plan.avail_after_pool - plan.graph_bytes * i // n
                 return die("graph", "Exception: " + graph_oom_text(int(7.5 * GIB), rp, free))
             if i == die_at:
