@@ -94,3 +94,26 @@ def test_a_process_without_cmdline_is_named_by_its_kernel_name() -> None:
         assert info["cmd"] == "[sleep]"
     finally:
         child.wait()
+
+
+def test_an_fd_closed_during_the_scan_does_not_hide_the_process_that_owns_the_port(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A busy process opens and closes fds while the probe reads /proc/PID/fd: one that is gone by
+    the time it is read must not hide the rest, among them the listening socket (its owner was [])."""
+    real = os.readlink
+    mine = f"/proc/{os.getpid()}/fd/"
+    failed: list[str] = []
+
+    def readlink(path: str) -> str:
+        if path.startswith(mine) and not failed:
+            failed.append(path)
+            raise FileNotFoundError(path)
+        return real(path)
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        monkeypatch.setattr(remote_probe.os, "readlink", readlink)
+        assert os.getpid() in remote_probe.listening_ports()[port]
+    assert failed  # the scan did meet a vanished fd of this process

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -84,7 +85,8 @@ def test_a_run_that_stops_moving_is_stopped_as_stalled_with_its_phase_lines_and_
     res = gate_one(unit, _Plays(LOADING))
     assert not res.ok and res.cause is not None
     assert res.cause.kind == "stalled"
-    assert res.cause.summary.startswith("stalled in loading weights for 0 s")
+    # (how many seconds is the clock's under load: with both cores busy the check ran late once)
+    assert re.match(r"stalled in loading weights for \d+ s: no log line", res.cause.summary), res.cause.summary
     assert res.elapsed_s < 5  # not the 30 s timeout
     assert res.cause.evidence[:2] == tuple(LOADING)
     assert "pid 4242 (sglang::scheduler_TP0):" in res.cause.evidence

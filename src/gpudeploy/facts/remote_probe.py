@@ -104,14 +104,18 @@ def listening_ports() -> dict[int, list[int]]:
     for fd_dir in glob.glob("/proc/[0-9]*/fd"):
         pid = int(fd_dir.split("/")[2])
         try:
-            for fd in os.listdir(fd_dir):
-                target = os.readlink(f"{fd_dir}/{fd}")
-                if target.startswith("socket:[") and target[8:-1] in inodes:
-                    port = inodes[target[8:-1]]
-                    if pid not in owners[port]:
-                        owners[port].append(pid)
-        except OSError:
+            fds = os.listdir(fd_dir)
+        except OSError:  # gone, or not ours to read
             continue
+        for fd in fds:
+            try:  # one fd closed since the listing must not hide the process's others (its socket)
+                target = os.readlink(f"{fd_dir}/{fd}")
+            except OSError:
+                continue
+            if target.startswith("socket:[") and target[8:-1] in inodes:
+                port = inodes[target[8:-1]]
+                if pid not in owners[port]:
+                    owners[port].append(pid)
     return owners
 
 
