@@ -50,7 +50,7 @@ def connect_errno(netns: str | None, address: str, port: int) -> int:
 @pytest.fixture
 def namespaces(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """gdt-lab37/38/39, each with lo and an eth0 at its bridge address; removed by exact name."""
-    monkeypatch.setattr(config, "NET_PREFIX", PREFIX)
+    monkeypatch.setattr(config.Host, "NET_PREFIX", PREFIX)  # the lab hosts' names derive from their kind's
     names = [h.netns for h in (OTHER, BASTION, PRIVATE)]
     assert all(n.startswith(PREFIX) for n in names)
     try:
